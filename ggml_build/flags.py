@@ -1,0 +1,107 @@
+"""Which backends a build gets and the CMake flags for them: pure logic, tested as such.
+
+The platform is passed in (``Platform``) rather than looked up inside, so tests can ask
+"what would macOS get?" on Linux.
+"""
+from __future__ import annotations
+
+import hashlib
+import platform as _platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from .errors import BuildError
+
+KNOWN = ("cpu", "rpc", "metal", "cuda", "vulkan")
+ALWAYS = ("cpu", "rpc")
+
+
+@dataclass(frozen=True)
+class Platform:
+    system: str          # platform.system(): "Linux", "Darwin", "Windows"
+    nvcc: bool           # nvcc on PATH
+    nvidia_gpu: bool     # an NVIDIA GPU is visible to this process
+
+    @classmethod
+    def detect(cls) -> "Platform":
+        return cls(_platform.system(), shutil.which("nvcc") is not None, _nvidia_gpu_visible())
+
+
+def _nvidia_gpu_visible() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and any(line.startswith("GPU ") for line in out.stdout.splitlines())
+
+
+def default_backends(plat: Platform) -> tuple[str, ...]:
+    """CPU and RPC always; Metal on macOS; CUDA only with nvcc *and* a visible GPU.
+
+    Vulkan is never a default: it needs extra packages and is asked for by name.
+    """
+    chosen = list(ALWAYS)
+    if plat.system == "Darwin":
+        chosen.append("metal")
+    if plat.nvcc and plat.nvidia_gpu:
+        chosen.append("cuda")
+    return tuple(chosen)
+
+
+def parse_backends(text: str | None, plat: Platform) -> tuple[str, ...]:
+    """`--backends cpu,rpc,cuda` -> ordered tuple; None -> the platform default."""
+    if not text:
+        return default_backends(plat)
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in KNOWN]
+    if unknown:
+        raise BuildError(f"unknown backend(s): {', '.join(unknown)}",
+                         f"choose from {', '.join(KNOWN)}")
+    if "metal" in names and plat.system != "Darwin":
+        raise BuildError("the Metal backend builds on macOS only", "drop metal from --backends")
+    # CPU and RPC are always built: the package relies on both.
+    return tuple(n for n in KNOWN if n in ALWAYS or n in names)
+
+
+def cmake_flags(backends: tuple[str, ...], plat: Platform, *, native: bool = False,
+                cuda_arch: str | None = None) -> dict[str, str]:
+    """The -D options for a configuration (besides paths)."""
+    origin = "@loader_path" if plat.system == "Darwin" else "$ORIGIN"
+    flags = {
+        "CMAKE_BUILD_TYPE": "Release",
+        "BUILD_SHARED_LIBS": "ON",
+        "GGML_NATIVE": "ON" if native else "OFF",
+        "GGML_BUILD_TESTS": "OFF",
+        "GGML_BUILD_EXAMPLES": "OFF",
+        "GGML_RPC": "ON",
+        "GGML_BACKEND_DL": "OFF",
+        "CMAKE_INSTALL_RPATH": origin,
+        "CMAKE_BUILD_WITH_INSTALL_RPATH": "ON",
+        "GGML_METAL": "OFF",
+        "GGML_CUDA": "OFF",
+        "GGML_VULKAN": "OFF",
+    }
+    if "metal" in backends:
+        flags.update(GGML_METAL="ON", GGML_METAL_EMBED_LIBRARY="ON")
+    if "cuda" in backends:
+        flags.update(GGML_CUDA="ON", CMAKE_CUDA_ARCHITECTURES=cuda_arch or "native")
+    if "vulkan" in backends:
+        flags["GGML_VULKAN"] = "ON"
+    return flags
+
+
+def config_name(release: str, backends: tuple[str, ...], *, native: bool = False,
+                cuda_arch: str | None = None, source: str | None = None) -> str:
+    """One output folder per release and configuration, e.g. ``ggml-0.25.3-cpu-rpc``."""
+    parts = [f"ggml-{release}"]
+    if source is not None:  # a local tree: keep different checkouts apart
+        parts.append("src" + hashlib.sha256(source.encode()).hexdigest()[:8])
+    for b in backends:
+        parts.append(f"cuda{cuda_arch}" if b == "cuda" and cuda_arch else b)
+    if native:
+        parts.append("native")
+    return "-".join(parts)

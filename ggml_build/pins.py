@@ -1,0 +1,185 @@
+"""Pinned upstream releases: read the manifest, fetch the sdist, verify it, extract the tree.
+
+Only pins are committed (``vendor/releases.toml``). The archive is downloaded once with
+``pip download`` into a cache shared by every checkout on the machine, checked against its
+sha256 before anything is extracted, and only the ggml tree inside it is written under
+``vendor/<release>/``. A tree already extracted from a verified archive is recognised by its
+stamp file, so a machine without network (the GPU machine) can build from it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import BuildError
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFEST = ROOT / "vendor" / "releases.toml"
+STAMP = ".ggml_py-verified"
+
+
+@dataclass(frozen=True)
+class Pin:
+    release: str
+    package: str
+    version: str
+    file: str
+    sha256: str
+    tree: str
+
+
+def load_manifest(path: Path = MANIFEST) -> tuple[str, dict[str, Pin]]:
+    """Return (default release, {release: Pin})."""
+    data = tomllib.loads(path.read_text())
+    pins = {rel: Pin(release=rel, **fields) for rel, fields in data["releases"].items()}
+    return data["default"], pins
+
+
+def pin_for(release: str, path: Path = MANIFEST) -> Pin:
+    _, pins = load_manifest(path)
+    if release not in pins:
+        known = ", ".join(sorted(pins, key=_version_key, reverse=True))
+        raise BuildError(f"unknown ggml release {release!r}",
+                         f"pick one of {known}, or build a local tree with --source PATH")
+    return pins[release]
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split(".") if p.isdigit())
+
+
+def cache_dir() -> Path:
+    """Where downloaded sdists are kept: $GGML_PY_CACHE, else ~/.cache/ggml_py/sdists."""
+    env = os.environ.get("GGML_PY_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "ggml_py" / "sdists"
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify(archive: Path, pin: Pin) -> None:
+    got = sha256_of(archive)
+    if got != pin.sha256:
+        raise BuildError(
+            f"sha256 mismatch for {archive.name}: expected {pin.sha256}, got {got}",
+            f"the archive is not the pinned one; delete {archive} and build again "
+            f"(if upstream re-published it, update vendor/releases.toml deliberately)")
+
+
+def fetch(pin: Pin, cache: Path | None = None, log=print) -> Path:
+    """Return the verified sdist for `pin`, downloading it into the cache when missing."""
+    cache = cache or cache_dir()
+    archive = cache / pin.file
+    if archive.exists():
+        verify(archive, pin)
+        return archive
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=cache, prefix=".probe-")
+        probe.close()
+    except OSError as e:
+        raise BuildError(f"cache folder {cache} is not writable ({e.strerror})",
+                         "set GGML_PY_CACHE to a writable folder") from None
+    log(f"downloading {pin.package}=={pin.version} (carries ggml {pin.release}) with pip")
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".dl-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               "--disable-pip-version-check", "-q", "-d", tmp, f"{pin.package}=={pin.version}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        got = Path(tmp) / pin.file
+        if proc.returncode != 0 or not got.exists():
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+            raise BuildError(
+                f"could not download {pin.package}=={pin.version} from the package index:\n{tail}",
+                f"check the network or pip's index settings, or put {pin.file} into {cache}")
+        verify(got, pin)
+        os.replace(got, archive)  # atomic: the cache never holds a half-written archive
+    return archive
+
+
+def tree_dir(pin: Pin) -> Path:
+    return ROOT / "vendor" / pin.release
+
+
+def extracted_tree(pin: Pin) -> Path | None:
+    """The extracted tree for `pin` when it exists and came from the verified archive."""
+    dest = tree_dir(pin)
+    stamp = dest / STAMP
+    if stamp.exists() and stamp.read_text().strip() == pin.sha256:
+        return dest
+    return None
+
+
+def extract(pin: Pin, archive: Path) -> Path:
+    """Extract only the ggml tree of `archive` to vendor/<release>/ (atomically)."""
+    dest = tree_dir(pin)
+    top = pin.file.removesuffix(".tar.gz")
+    prefix = f"{top}/{pin.tree}/"
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{pin.release}-"))
+    try:
+        with tarfile.open(archive) as tar:
+            members = []
+            for m in tar.getmembers():
+                if not m.name.startswith(prefix) or not (m.isfile() or m.isdir()):
+                    continue
+                m.name = m.name[len(prefix):]
+                if m.name:
+                    members.append(m)
+            if not members:
+                raise BuildError(f"{archive.name} holds no {pin.tree}/",
+                                 "the pin's 'tree' field in vendor/releases.toml is wrong")
+            tar.extractall(tmp, members=members, filter="data")
+        (tmp / STAMP).write_text(pin.sha256 + "\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def prepare(release: str, log=print) -> Path:
+    """The verified ggml tree of `release`, fetching and extracting as needed."""
+    pin = pin_for(release)
+    tree = extracted_tree(pin)
+    if tree is not None:
+        return tree
+    return extract(pin, fetch(pin, log=log))
+
+
+def check_source(path: Path) -> Path:
+    """A local ggml checkout given with --source: refuse anything that is not one."""
+    path = Path(path).resolve()
+    if not (path / "CMakeLists.txt").is_file() or not (path / "include" / "ggml.h").is_file():
+        raise BuildError(f"{path} is not a ggml tree (no CMakeLists.txt and include/ggml.h)",
+                         "pass the folder that holds ggml's CMakeLists.txt, e.g. llama.cpp/ggml")
+    return path
+
+
+def tree_version(tree: Path) -> str:
+    """The GGML_VERSION_{MAJOR,MINOR,PATCH} a tree's CMakeLists.txt declares."""
+    import re
+    text = (tree / "CMakeLists.txt").read_text(errors="replace")
+    parts = []
+    for key in ("MAJOR", "MINOR", "PATCH"):
+        m = re.search(rf"set\(GGML_VERSION_{key}\s+(\d+)\)", text)
+        if not m:
+            return "unknown"
+        parts.append(m.group(1))
+    return ".".join(parts)
