@@ -1,0 +1,64 @@
+"""Owned handles: idempotent close(), context manager, a finalizer holding only the raw handle.
+
+Borrowed handles (registries, devices, buffer types) belong to ggml and are plain objects.
+Owned ones derive from :class:`Owned`. A child keeps its parents alive through ordinary
+references; a parent's close() closes the children still open first.
+"""
+from __future__ import annotations
+
+import warnings
+import weakref
+
+from .errors import ClosedError, GGMLWarning
+
+
+def _release(free, raw, what: str) -> None:
+    try:
+        free(raw)
+    except Exception as e:  # never raise from a finalizer
+        warnings.warn(f"freeing {what} failed: {e!r}", GGMLWarning, stacklevel=1)
+
+
+class Owned:
+    """Base of objects that own a ggml handle."""
+
+    _kind = "object"
+
+    def __init__(self, raw, free, *, parents=()):
+        self._raw = raw
+        self._parents = tuple(parents)          # strong: a child keeps its parents alive
+        self._children = weakref.WeakSet()
+        self._finalizer = weakref.finalize(self, _release, free, raw, self._kind)
+        for p in self._parents:
+            if isinstance(p, Owned):
+                p._children.add(self)
+
+    @property
+    def ptr(self):
+        """The raw cffi handle; raises :class:`ClosedError` once closed."""
+        if self._raw is None:
+            raise ClosedError(f"this {self._kind} is closed")
+        for p in self._parents:
+            if isinstance(p, Owned) and p._raw is None:
+                raise ClosedError(f"this {self._kind}'s {p._kind} is closed")
+        return self._raw
+
+    @property
+    def closed(self) -> bool:
+        return self._raw is None
+
+    def close(self) -> None:
+        """Free the handle now. Idempotent; children still open are closed first."""
+        if self._raw is None:
+            return
+        for child in list(self._children):
+            child.close()
+        self._raw = None
+        self._finalizer()
+
+    def __enter__(self):
+        self.ptr  # refuse to enter a closed object
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,93 @@
+"""The one place that finds and loads a build: ``ffi``, ``lib`` and the build's facts.
+
+Looks in the package's own ``lib/`` folder for the default release's default configuration;
+``GGML_PY_BUILD`` (a folder, or a folder name under ``lib/``) selects another build. When
+nothing is found the error says exactly what to run.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+from .errors import GGMLError
+
+PACKAGE = Path(__file__).resolve().parent
+LIB_ROOT = PACKAGE / "lib"
+MODULE = "_ggml_cffi"
+
+
+def _default_name() -> str:
+    """ggml-<default release>-<default backends for this platform>, as build_ggml.py names it."""
+    manifest = PACKAGE.parent / "vendor" / "releases.toml"
+    if manifest.exists():
+        release = tomllib.loads(manifest.read_text())["default"]
+    else:  # installed without the source tree: the only build shipped is the default
+        found = sorted(LIB_ROOT.glob("ggml-*/build.json"))
+        if not found:
+            return "ggml-<release>-cpu-rpc"
+        return found[0].parent.name
+    parts = ["ggml", release, "cpu", "rpc"]
+    if sys.platform == "darwin":
+        parts.append("metal")
+    return "-".join(parts)
+
+
+def build_dir() -> Path:
+    sel = os.environ.get("GGML_PY_BUILD")
+    if sel:
+        path = Path(sel)
+        if not path.is_absolute() and not path.exists():
+            path = LIB_ROOT / sel
+        return path
+    wanted = LIB_ROOT / _default_name()
+    if (wanted / "build.json").exists():
+        return wanted
+    # The default configuration may carry extra backends (CUDA on a GPU machine): take the
+    # default release's build with the fewest extras.
+    stem = wanted.name
+    cands = sorted((p for p in LIB_ROOT.glob(stem + "-*") if (p / "build.json").exists()),
+                   key=lambda p: len(p.name))
+    return cands[0] if cands else wanted
+
+
+def load():
+    folder = build_dir()
+    info_path = folder / "build.json"
+    if not info_path.exists():
+        hint = ("python build_ggml.py" if not os.environ.get("GGML_PY_BUILD")
+                else "python build_ggml.py --ggml <release> (and set GGML_PY_BUILD to the folder it prints)")
+        raise ImportError(f"ggml_py: no ggml build in {folder}. Build one with: {hint}")
+    info = json.loads(info_path.read_text())
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # ggml's abort handler would spawn gdb
+    if info["bindings"] == "api":
+        found = sorted(folder.glob(f"{MODULE}.*so")) + sorted(folder.glob(f"{MODULE}.*pyd"))
+        if not found:
+            raise ImportError(f"ggml_py: {folder} has no compiled bindings; rebuild it with build_ggml.py")
+        spec = importlib.util.spec_from_file_location(MODULE, found[0])
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        ffi, lib = mod.ffi, mod.lib
+    else:
+        spec = importlib.util.spec_from_file_location(MODULE, folder / f"{MODULE}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        ffi = mod.ffi
+        suffix = ".dylib" if sys.platform == "darwin" else ".so"
+        # libggml depends on every other library of the build, so its handle resolves all.
+        lib = ffi.dlopen(str(folder / f"libggml{suffix}"))
+    return ffi, lib, info, folder
+
+
+ffi, lib, BUILD, BUILD_DIR = load()
+
+
+def cstr(p) -> str | None:
+    """A C string from ggml as a Python str (None for NULL)."""
+    return None if p == ffi.NULL else ffi.string(p).decode("utf-8", "replace")
+
+
+__all__ = ["ffi", "lib", "BUILD", "BUILD_DIR", "cstr", "GGMLError"]

@@ -1,0 +1,60 @@
+"""One error family, and the one checker that raises it.
+
+Everything ggml_py raises derives from :class:`GGMLError` (a ``RuntimeError``). Validation
+errors also derive from ``ValueError``/``TypeError``, lookups from ``LookupError``, so the
+usual ``except ValueError`` keeps working. Finalizers never raise: they warn with
+:class:`GGMLWarning`.
+"""
+from __future__ import annotations
+
+
+class GGMLError(RuntimeError):
+    """Base of every error ggml_py raises."""
+
+
+class ClosedError(GGMLError):
+    """An owned object (buffer, backend, event, context, ...) was used after close()."""
+
+
+class UnsupportedError(GGMLError):
+    """The device or backend cannot do what was asked (no events, op not supported, ...)."""
+
+
+class InvalidArgument(GGMLError, ValueError):
+    """A shape, size, bound or value ggml would have aborted on."""
+
+
+class InvalidType(GGMLError, TypeError):
+    """A dtype or ggml type an operation does not accept."""
+
+
+class NotFound(GGMLError, LookupError):
+    """No registry/device/backend matches a lookup."""
+
+
+class GGMLWarning(RuntimeWarning):
+    """Problems met in finalizers, where raising is not an option."""
+
+
+_STATUS = {-1: "allocation failed", -2: "failed", 1: "aborted"}
+
+
+def check(result, what: str, *, null=None):
+    """Raise for a failed ggml call, else return `result`.
+
+    `result` is either an ``enum ggml_status`` (0 is success) or a pointer, checked against
+    `null` (pass ``ffi.NULL``).
+    """
+    if null is not None:
+        if result == null:
+            raise GGMLError(f"{what} failed (ggml returned NULL)")
+        return result
+    if result != 0:
+        raise GGMLError(f"{what} failed: {_STATUS.get(int(result), f'status {int(result)}')}")
+    return result
+
+
+def require(cond: bool, message: str, exc: type[GGMLError] = InvalidArgument) -> None:
+    """Validation before calling into C, where ggml would abort the process instead."""
+    if not cond:
+        raise exc(message)

@@ -1,0 +1,51 @@
+"""Events (owned): ordering work between backends, like CUDA's record/wait/synchronize.
+
+    >>> ev = dev.event()                         # doctest: +SKIP
+    >>> ev.record(producer)          # marks the point in producer's queue
+    >>> consumer.wait(ev)            # consumer's later work waits for that point
+    >>> ev.synchronize()             # the host waits for it
+
+ggml offers nothing more (no query, no timing), and neither does this class.
+"""
+from __future__ import annotations
+
+from ._handle import Owned
+from ._loader import ffi, lib
+from .errors import GGMLError, require
+from .registry import Device, require_events
+
+
+class Event(Owned):
+    """``ggml_backend_event_t`` of one device. Owned: close() or use ``with``."""
+
+    _kind = "event"
+
+    def __init__(self, raw, device: Device):
+        super().__init__(raw, lib.ggml_backend_event_free)
+        self._device = device
+
+    @classmethod
+    def _create(cls, device: Device) -> "Event":
+        require_events(device)
+        raw = lib.ggml_backend_event_new(device.ptr)
+        if raw == ffi.NULL:
+            raise GGMLError(f"ggml could not create an event on {device.name}")
+        return cls(raw, device)
+
+    @property
+    def device(self) -> Device:
+        self.ptr
+        return self._device
+
+    def record(self, backend) -> None:
+        """Record the event at the current end of `backend`'s queue (same device only)."""
+        require(backend.device == self._device,
+                f"an event of {self._device.name} cannot be recorded on {backend.device.name}")
+        lib.ggml_backend_event_record(self.ptr, backend.ptr)
+
+    def synchronize(self) -> None:
+        """Block the host until the recorded work is done."""
+        lib.ggml_backend_event_synchronize(self.ptr)
+
+    def __repr__(self):
+        return "<Event closed>" if self.closed else f"<Event on {self._device.name}>"

@@ -1,0 +1,152 @@
+"""Compute graphs: ``ggml_new_graph_custom``, ``ggml_build_forward_expand``, compute on a backend.
+
+    >>> g = gg.Graph(out)                          # doctest: +SKIP
+    >>> be.compute(g); out.numpy()
+
+Before a graph reaches ggml it is checked: every leaf must hold data, every tensor that holds
+data must sit in a buffer the backend can use, and the backend must support every op.
+Nodes without memory are placed by ggml's graph allocator (``ggml_gallocr``); that memory
+stays valid as long as the graph's context lives.
+"""
+from __future__ import annotations
+
+from ._handle import Owned
+from ._loader import cstr, ffi, lib
+from .errors import GGMLError, InvalidArgument, UnsupportedError, check, require
+from .tensor import Context, Tensor
+
+
+class _GraphMemory(Owned):
+    _kind = "graph"
+
+
+class Graph:
+    """A forward graph over `outputs` (a tensor or a list of tensors)."""
+
+    def __init__(self, outputs, *, capacity: int | None = None):
+        outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+        require(outs and all(isinstance(t, Tensor) for t in outs), "Graph needs output tensors")
+        self.outputs = outs
+        self.ctx = outs[0].ctx
+        n = capacity or max(int(lib.GGML_DEFAULT_GRAPH_SIZE), 2 * _count_nodes(outs) + 16)
+        overhead = int(lib.ggml_graph_overhead_custom(n, False))
+        params = ffi.new("struct ggml_init_params *",
+                         {"mem_size": overhead + 1024, "mem_buffer": ffi.NULL, "no_alloc": True})
+        raw = lib.ggml_init(params[0])
+        if raw == ffi.NULL:
+            raise GGMLError("ggml_init failed for the graph")
+        self._meta = _GraphMemory(raw, lib.ggml_free, parents=(self.ctx,))
+        self.ptr = lib.ggml_new_graph_custom(raw, n, False)
+        for t in outs:
+            lib.ggml_set_output(t.ptr)
+            lib.ggml_build_forward_expand(self.ptr, t.ptr)
+        self._allocs = {}
+        self.ctx._keep.append(self)  # node memory placed by the allocator lives with the context
+
+    @property
+    def n_nodes(self) -> int:
+        return int(lib.ggml_graph_n_nodes(self.ptr))
+
+    @property
+    def nodes(self) -> list[Tensor]:
+        return [Tensor(lib.ggml_graph_node(self.ptr, i), self.ctx) for i in range(self.n_nodes)]
+
+    @property
+    def leafs(self) -> list[Tensor]:
+        """Inputs and constants: sources of nodes that are not nodes themselves."""
+        return [Tensor(t, self.ctx) for t, is_node in _walk(self) if not is_node]
+
+    def to_dot(self, path: str | None = None) -> str:
+        """Graphviz text of the graph (ggml_graph_dump_dot); written to `path` when given."""
+        import os
+        import tempfile
+        fd, tmp = tempfile.mkstemp(suffix=".dot")
+        os.close(fd)
+        try:
+            lib.ggml_graph_dump_dot(self.ptr, ffi.NULL, tmp.encode())
+            text = open(tmp).read()
+        finally:
+            os.unlink(tmp)
+        if path:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    def __repr__(self):
+        return f"<Graph nodes={self.n_nodes} outputs={len(self.outputs)}>"
+
+
+def _count_nodes(outs) -> int:
+    seen, stack = set(), list(outs)
+    while stack:
+        t = stack.pop()
+        key = int(ffi.cast("uintptr_t", t._p))
+        if key in seen:
+            continue
+        seen.add(key)
+        stack.extend(t.src)
+    return len(seen)
+
+
+def _walk(graph: Graph):
+    """(raw tensor, is_node) for every node, then every leaf (a source that is no node).
+
+    ``struct ggml_cgraph`` is opaque in the public headers, so leafs are found through the
+    nodes' sources."""
+    nodes = [lib.ggml_graph_node(graph.ptr, i) for i in range(graph.n_nodes)]
+    keys = {int(ffi.cast("uintptr_t", n)) for n in nodes}
+    for n in nodes:
+        yield n, True
+    seen = set()
+    for n in nodes:
+        for s in n.src:
+            k = int(ffi.cast("uintptr_t", s))
+            if s != ffi.NULL and k not in keys and k not in seen:
+                seen.add(k)
+                yield s, False
+
+
+def prepare(backend, graph: Graph) -> None:
+    """Validate `graph` for `backend` and allocate nodes that have no memory yet."""
+    graph._meta.ptr
+    be = backend.ptr
+    need_alloc = False
+    for t, is_node in _walk(graph):
+        name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
+        has_data = t.data != ffi.NULL or t.view_src != ffi.NULL
+        if not is_node and not has_data:
+            raise InvalidArgument(f"input tensor {name!r} has no memory: allocate its context "
+                                  "(ctx.alloc(backend)) and set its values before computing")
+        if t.buffer != ffi.NULL:
+            buft = lib.ggml_backend_buffer_get_type(t.buffer)
+            if not lib.ggml_backend_supports_buft(be, buft):
+                raise InvalidArgument(
+                    f"tensor {name!r} lives in a {cstr(lib.ggml_backend_buft_name(buft))} buffer, "
+                    f"which backend {backend.name} cannot use; copy it to that device or "
+                    "use a Scheduler")
+        if is_node:
+            if not has_data:
+                need_alloc = True
+            if int(t.op) != int(lib.GGML_OP_NONE) and not lib.ggml_backend_supports_op(be, t):
+                raise UnsupportedError(f"backend {backend.name} does not support op "
+                                       f"{cstr(lib.ggml_op_desc(t))} of node {name!r}")
+    if need_alloc:
+        buft = lib.ggml_backend_get_default_buffer_type(be)
+        key = int(ffi.cast("uintptr_t", buft))
+        alloc = graph._allocs.get(key)
+        if alloc is None:
+            raw = lib.ggml_gallocr_new(buft)
+            if raw == ffi.NULL:
+                raise GGMLError("ggml_gallocr_new failed")
+            alloc = graph._allocs[key] = Owned(raw, lib.ggml_gallocr_free, parents=(graph.ctx,))
+        if not lib.ggml_gallocr_alloc_graph(alloc.ptr, graph.ptr):
+            raise GGMLError(f"allocating the graph's nodes on {backend.name} failed (out of memory?)")
+
+
+def compute(backend, graph: Graph, *, asynchronous: bool) -> None:
+    prepare(backend, graph)
+    if asynchronous:
+        backend._pending.append(graph)
+        check(lib.ggml_backend_graph_compute_async(backend.ptr, graph.ptr), "graph compute")
+    else:
+        check(lib.ggml_backend_graph_compute(backend.ptr, graph.ptr), "graph compute")

@@ -1,0 +1,276 @@
+"""Registries and devices: ``ggml_backend_reg_*`` and ``ggml_backend_dev_*``.
+
+Both belong to ggml and live as long as the process; these objects only borrow them.
+
+    >>> import ggml_py as gg
+    >>> [d.name for d in gg.devices()]            # doctest: +SKIP
+    ['CPU']
+    >>> cpu = gg.device("CPU"); cpu.caps.events
+    False
+"""
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+from ._loader import BUILD, BUILD_DIR, cstr, ffi, lib
+from .errors import InvalidArgument, NotFound, UnsupportedError, require
+
+_TYPES = {}
+for _name in ("CPU", "GPU", "IGPU", "ACCEL", "META"):
+    _v = getattr(lib, f"GGML_BACKEND_DEVICE_TYPE_{_name}", None)
+    if _v is not None:
+        _TYPES[int(_v)] = _name.lower()
+
+_loaded_dl = False
+
+
+def _ensure_loaded() -> None:
+    """Builds with GGML_BACKEND_DL keep backends in separate modules: load them from the build."""
+    global _loaded_dl
+    if not _loaded_dl:
+        _loaded_dl = True
+        if BUILD.get("inputs", {}).get("cmake", {}).get("GGML_BACKEND_DL") == "ON":
+            lib.ggml_backend_load_all_from_path(str(BUILD_DIR).encode())
+
+
+class Caps(NamedTuple):
+    """What a device can do (``struct ggml_backend_dev_caps``)."""
+    async_: bool
+    host_buffer: bool
+    buffer_from_host_ptr: bool
+    events: bool
+
+
+class Registry:
+    """A backend registry (CPU, RPC, CUDA, Metal, Vulkan...). Borrowed from ggml."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    @property
+    def name(self) -> str:
+        return cstr(lib.ggml_backend_reg_name(self.ptr))
+
+    @property
+    def devices(self) -> list["Device"]:
+        n = lib.ggml_backend_reg_dev_count(self.ptr)
+        return [Device._of(lib.ggml_backend_reg_dev_get(self.ptr, i)) for i in range(n)]
+
+    def proc_address(self, name: str, ctype: str | None = None):
+        """A backend-specific function (``ggml_backend_reg_get_proc_address``), cast to `ctype`
+        when given; None when the backend does not offer it."""
+        p = lib.ggml_backend_reg_get_proc_address(self.ptr, name.encode())
+        if p == ffi.NULL:
+            return None
+        return ffi.cast(ctype, p) if ctype else p
+
+    @property
+    def features(self) -> dict[str, str]:
+        """Build features the backend reports (e.g. the CPU's AVX2, FMA), where it reports any."""
+        fn = self.proc_address("ggml_backend_get_features", "ggml_backend_get_features_t")
+        if fn is None:
+            return {}
+        out, feats = {}, fn(self.ptr)
+        i = 0
+        while feats[i].name != ffi.NULL:
+            out[cstr(feats[i].name)] = cstr(feats[i].value)
+            i += 1
+        return out
+
+    def __eq__(self, other):
+        return isinstance(other, Registry) and self.ptr == other.ptr
+
+    def __hash__(self):
+        return hash(int(ffi.cast("uintptr_t", self.ptr)))
+
+    def __repr__(self):
+        return f"<Registry {self.name} devices={len(self.devices)}>"
+
+
+class Device:
+    """A device (``ggml_backend_dev_t``). Borrowed from ggml; one object per device."""
+
+    _cache: dict[int, "Device"] = {}
+    __slots__ = ("ptr", "__weakref__")
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    @classmethod
+    def _of(cls, ptr) -> "Device":
+        key = int(ffi.cast("uintptr_t", ptr))
+        dev = cls._cache.get(key)
+        if dev is None:
+            dev = cls._cache[key] = cls(ptr)
+        return dev
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return cstr(lib.ggml_backend_dev_name(self.ptr))
+
+    @property
+    def description(self) -> str:
+        return cstr(lib.ggml_backend_dev_description(self.ptr))
+
+    @property
+    def type(self) -> str:
+        """'cpu', 'gpu', 'igpu' or 'accel'."""
+        t = int(lib.ggml_backend_dev_type(self.ptr))
+        return _TYPES.get(t, str(t))
+
+    @property
+    def memory(self) -> tuple[int, int]:
+        """(free, total) bytes, as the device reports them."""
+        free, total = ffi.new("size_t *"), ffi.new("size_t *")
+        lib.ggml_backend_dev_memory(self.ptr, free, total)
+        return int(free[0]), int(total[0])
+
+    @property
+    def caps(self) -> Caps:
+        props = ffi.new("struct ggml_backend_dev_props *")
+        lib.ggml_backend_dev_get_props(self.ptr, props)
+        c = props.caps
+        return Caps(bool(getattr(c, "async")), bool(c.host_buffer),
+                    bool(c.buffer_from_host_ptr), bool(c.events))
+
+    @property
+    def device_id(self) -> str | None:
+        """A stable identifier such as a PCI bus id, where the backend gives one."""
+        props = ffi.new("struct ggml_backend_dev_props *")
+        lib.ggml_backend_dev_get_props(self.ptr, props)
+        return cstr(props.device_id) if hasattr(props, "device_id") else None
+
+    @property
+    def registry(self) -> Registry:
+        return Registry(lib.ggml_backend_dev_backend_reg(self.ptr))
+
+    @property
+    def buffer_type(self):
+        """The device's default buffer type."""
+        from .buffer import BufferType
+        return BufferType(lib.ggml_backend_dev_buffer_type(self.ptr))
+
+    @property
+    def host_buffer_type(self):
+        """The pinned host buffer type of the device, or None when it has none."""
+        from .buffer import BufferType
+        p = lib.ggml_backend_dev_host_buffer_type(self.ptr)
+        return None if p == ffi.NULL else BufferType(p)
+
+    @property
+    def buffer_types(self) -> list:
+        """Default, host and extra buffer types (e.g. the CPU's repack types), without repeats."""
+        from .buffer import BufferType
+        found = [self.buffer_type]
+        if self.host_buffer_type is not None:
+            found.append(self.host_buffer_type)
+        fn = self.registry.proc_address("ggml_backend_dev_get_extra_bufts",
+                                        "ggml_backend_dev_get_extra_bufts_t")
+        if fn is not None:
+            extra = fn(self.ptr)
+            i = 0
+            while extra != ffi.NULL and extra[i] != ffi.NULL:
+                found.append(BufferType(extra[i]))
+                i += 1
+        unique = []
+        for b in found:
+            if b not in unique:
+                unique.append(b)
+        return unique
+
+    # -- what it can do ---------------------------------------------------------------------
+    def supports_op(self, tensor) -> bool:
+        """Whether the device can compute `tensor`'s op (a node of a graph)."""
+        return bool(lib.ggml_backend_dev_supports_op(self.ptr, tensor.ptr))
+
+    def supports_buffer_type(self, buft) -> bool:
+        return bool(lib.ggml_backend_dev_supports_buft(self.ptr, buft.ptr))
+
+    def offload_op(self, tensor) -> bool:
+        return bool(lib.ggml_backend_dev_offload_op(self.ptr, tensor.ptr))
+
+    # -- owned things made from it ----------------------------------------------------------
+    def backend(self, n_threads: int | None = None, params: str | None = None):
+        """A new :class:`Backend` (stream/queue) on this device.
+
+        CPU-type backends use the cores this process may use unless `n_threads` says otherwise.
+        """
+        from .backend import Backend
+        return Backend._create(self, n_threads=n_threads, params=params)
+
+    def event(self):
+        """A new :class:`Event` on this device; :class:`UnsupportedError` when it has none."""
+        from .event import Event
+        return Event._create(self)
+
+    def buffer_from_host(self, array):
+        """A buffer over `array`'s own memory (zero copy); keeps `array` alive."""
+        from .buffer import Buffer
+        return Buffer._from_host(self, array)
+
+    def __eq__(self, other):
+        return isinstance(other, Device) and self.ptr == other.ptr
+
+    def __hash__(self):
+        return hash(int(ffi.cast("uintptr_t", self.ptr)))
+
+    def __repr__(self):
+        return f"<Device {self.name} ({self.type}) {self.description!r}>"
+
+
+def registries() -> list[Registry]:
+    """Every backend registry, in ggml's order."""
+    _ensure_loaded()
+    return [Registry(lib.ggml_backend_reg_get(i)) for i in range(lib.ggml_backend_reg_count())]
+
+
+def devices() -> list[Device]:
+    """Every device of every registry, in ggml's order (RPC devices once connected)."""
+    _ensure_loaded()
+    return [Device._of(lib.ggml_backend_dev_get(i)) for i in range(lib.ggml_backend_dev_count())]
+
+
+def device(key: str | int | None = None, *, type: str | None = None) -> Device:
+    """Look a device up by name (``"CPU"``, ``"CUDA0"``), index, or ``type="gpu"``.
+
+    Raises :class:`NotFound` (a ``LookupError``) when nothing matches.
+    """
+    devs = devices()
+    if type is not None:
+        require(key is None, "give a name/index or a type, not both")
+        require(type in ("cpu", "gpu", "igpu", "accel"),
+                f"unknown device type {type!r}: use 'cpu', 'gpu', 'igpu' or 'accel'")
+        for d in devs:
+            if d.type == type:
+                return d
+        raise NotFound(f"no device of type {type!r}; devices: {[d.name for d in devs]}")
+    if isinstance(key, bool) or not isinstance(key, (str, int)):
+        raise InvalidArgument(f"device key must be a name or an index, not {key!r}")
+    if isinstance(key, int):
+        if 0 <= key < len(devs):
+            return devs[key]
+        raise NotFound(f"no device {key}: there are {len(devs)} ({[d.name for d in devs]})")
+    for d in devs:
+        if d.name == key:
+            return d
+    lowered = [d for d in devs if d.name.lower() == key.lower()]
+    if lowered:
+        return lowered[0]
+    raise NotFound(f"no device named {key!r}; devices: {[d.name for d in devs]}")
+
+
+def require_events(dev: Device) -> None:
+    if not dev.caps.events:
+        raise UnsupportedError(f"device {dev.name} has no events (its caps: {dev.caps})")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1

@@ -1,0 +1,153 @@
+"""Moving bytes: tensor <-> numpy (blocking and async) and tensor -> tensor across backends.
+
+Every path validates first (ggml aborts the process on out-of-bounds or unallocated tensors).
+Async forms keep their host arrays and tensors alive in the backend until it synchronizes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import types as T
+from ._loader import ffi, lib
+from .errors import InvalidArgument, InvalidType, require
+
+
+def _host_array(t, array, offset: int, *, writable: bool, what: str) -> tuple[np.ndarray, int]:
+    """Check `array` against tensor `t`; return (array, byte offset)."""
+    t._require_data(what)
+    require(isinstance(array, np.ndarray), f"{what}: expected a numpy array, got {type(array).__name__}",
+            InvalidType)
+    require(array.flags.c_contiguous,
+            f"{what}: the array is not C-contiguous; pass np.ascontiguousarray(a)")
+    if writable:
+        require(array.flags.writeable, f"{what}: the output array is read-only")
+    require(t.is_contiguous,
+            f"{what}: tensor {t.name or '(unnamed)'} is a non-contiguous view; make a contiguous "
+            "copy with gg.cont(t) in the graph")
+    require(isinstance(offset, (int, np.integer)) and offset >= 0, f"{what}: offset must be an int >= 0")
+    if array.dtype == np.uint8 and t.dtype != np.uint8:
+        pass  # raw bytes: any type, bounds checked below
+    else:
+        require(t.dtype is not None,
+                f"{what}: {t.type.name} tensors take raw bytes (uint8) or, with set(), float32 to quantize",
+                InvalidType)
+        require(array.dtype == t.dtype,
+                f"{what}: array dtype {array.dtype} does not match the tensor's {t.dtype} ({t.type.name})",
+                InvalidType)
+        if offset == 0:
+            require(array.size == t.size,
+                    f"{what}: the array has {array.size} elements, the tensor {t.size} {t.shape}")
+    require(offset + array.nbytes <= t.nbytes,
+            f"{what}: {array.nbytes} bytes at offset {offset} run past the tensor's {t.nbytes} bytes")
+    return array, int(offset)
+
+
+def blocking_set(t, array, offset: int = 0) -> None:
+    if (isinstance(array, np.ndarray) and t.dtype is None and array.dtype == np.float32
+            and offset == 0 and array.size == t.size):
+        array, _ = T.quantize(array.reshape(-1, t.ne[0]), t.type)  # quantize floats on the way in
+    array, offset = _host_array(t, array, offset, writable=False, what="set")
+    if array.nbytes:
+        lib.ggml_backend_tensor_set(t.ptr, ffi.from_buffer("void *", array), offset, array.nbytes)
+
+
+def blocking_get(t, out: np.ndarray, offset: int = 0) -> np.ndarray:
+    out, offset = _host_array(t, out, offset, writable=True, what="get")
+    if out.nbytes:
+        lib.ggml_backend_tensor_get(t.ptr, ffi.from_buffer("void *", out, require_writable=True),
+                                    offset, out.nbytes)
+    return out
+
+
+class _HostView:
+    """Exposes a host tensor's memory to numpy while keeping the tensor's context alive."""
+
+    def __init__(self, t):
+        self.keep = t.ctx
+        self.__array_interface__ = {
+            "shape": t.shape, "typestr": t.dtype.str, "version": 3,
+            "data": (t.data, False),
+            "strides": tuple(reversed(t.nb[: t.ndim])),
+        }
+
+
+def to_numpy(t, copy: bool | None) -> np.ndarray:
+    t._require_data("numpy()")
+    if t.dtype is not None and t.is_host and copy is not True:
+        return np.asarray(_HostView(t))
+    require(copy is not False, "numpy(copy=False): this tensor is not plain host memory; "
+            "a copy is needed")
+    require(t.is_contiguous, "numpy(): the tensor is a non-contiguous view; compute gg.cont(t)")
+    if t.dtype is not None:
+        return blocking_get(t, np.empty(t.shape, dtype=t.dtype))
+    raw = blocking_get(t, np.empty(t.nbytes, dtype=np.uint8))
+    return T.from_float_bytes(t.type, raw, t.size).reshape(t.shape)
+
+
+def _same_device(t, backend, role: str) -> None:
+    buf = t.ptr.buffer
+    if lib.ggml_backend_buffer_is_host(buf):
+        return
+    dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(buf))
+    require(dev == ffi.NULL or dev == lib.ggml_backend_get_device(backend.ptr),
+            f"{role} tensor {t.name or '(unnamed)'} lives on another device than backend "
+            f"{backend.name}")
+
+
+def set_async(backend, t, array, offset: int = 0) -> None:
+    array, offset = _host_array(t, array, offset, writable=False, what="set_async")
+    _same_device(t, backend, "the")
+    backend._pending.append((t, array))
+    if array.nbytes:
+        lib.ggml_backend_tensor_set_async(backend.ptr, t.ptr, ffi.from_buffer("void *", array),
+                                          offset, array.nbytes)
+
+
+def get_async(backend, t, out, offset: int = 0) -> np.ndarray:
+    out, offset = _host_array(t, out, offset, writable=True, what="get_async")
+    _same_device(t, backend, "the")
+    backend._pending.append((t, out))
+    if out.nbytes:
+        lib.ggml_backend_tensor_get_async(backend.ptr, t.ptr,
+                                          ffi.from_buffer("void *", out, require_writable=True),
+                                          offset, out.nbytes)
+    return out
+
+
+def copy_async(src, dst, src_backend, dst_backend) -> None:
+    """Copy tensor `src` (on `src_backend`'s device) into `dst` (on `dst_backend`'s device)
+    with ``ggml_backend_tensor_copy_async``.
+
+    Where the destination backend has a native ``cpy_tensor_async`` (CUDA, Metal, Vulkan) the
+    copy is queued on the **destination** backend: order it after work on the source with an
+    event recorded on `src_backend` and waited on by `dst_backend`, and read the bytes only
+    after synchronizing `dst_backend` (or an event recorded on it). Without one (CPU, RPC),
+    ggml synchronizes both backends and copies blocking.
+
+        ev = gg.device("Vulkan0").event()
+        ev.record(be0); be1.wait(ev)
+        gg.copy_async(a, b, be0, be1)
+        be1.synchronize()
+    """
+    src._require_data("copy_async source")
+    dst._require_data("copy_async destination")
+    require(src.type == dst.type,
+            f"copy_async: types differ ({src.type.name} -> {dst.type.name})", InvalidType)
+    require(src.ne == dst.ne, f"copy_async: shapes differ ({src.shape} -> {dst.shape})")
+    require(src.nb == dst.nb, "copy_async: layouts differ (strides); copy contiguous tensors")
+    require(src._p != dst._p, "copy_async: source and destination are the same tensor")
+    _same_device(src, src_backend, "the source")
+    _same_device(dst, dst_backend, "the destination")
+    src_backend._pending.append(src)
+    dst_backend._pending.append((src, dst))
+    lib.ggml_backend_tensor_copy_async(src_backend.ptr, dst_backend.ptr, src.ptr, dst.ptr)
+
+
+def copy(src, dst) -> None:
+    """Blocking copy between tensors on any devices (``ggml_backend_tensor_copy``)."""
+    src._require_data("copy source")
+    dst._require_data("copy destination")
+    require(src.type == dst.type and src.ne == dst.ne and src.nb == dst.nb,
+            f"copy: tensors differ in type or layout ({src.type.name}{src.shape} -> "
+            f"{dst.type.name}{dst.shape})")
+    lib.ggml_backend_tensor_copy(src.ptr, dst.ptr)
