@@ -180,7 +180,7 @@ def int_constants(macros: str) -> dict[str, int]:
     """Integer-valued GGML_/GGUF_ macros of the `-dM` dump (plain literals and simple shifts)."""
     found: dict[str, int] = {}
     for line in macros.splitlines():
-        m = re.match(r"#define\s+((?:GGML|GGUF)_[A-Z0-9_]+)\s+(.+)$", line)
+        m = re.match(r"#define\s+((?:GGML|GGUF|RPC_PROTO)_[A-Z0-9_]+)\s+(.+)$", line)
         if not m:
             continue
         name, value = m.group(1), m.group(2).strip()
@@ -228,7 +228,8 @@ def generate(out: Path, include: Path, headers: list[str], libs: list[Path],
         ffi.cdef(cdef + abi_consts)
         ffi.set_source(MODULE, None)
         ffi.emit_python_code(str(out / f"{MODULE}.py"))
-    return {"bindings": mode, "functions": len(kept), "not_exported": dropped,
+    return {"bindings": mode, "functions": len(kept), "function_names": kept,
+            "not_exported": dropped,
             "constants": len(consts), "headers": headers}
 
 

@@ -8,4 +8,4 @@ class BuildError(Exception):
         self.todo = todo
 
     def __str__(self) -> str:
-        return f"{self.what}\n  -> {self.todo}" if self.todo else self.what
+        return f"{self.what}; to fix: {self.todo}" if self.todo else self.what

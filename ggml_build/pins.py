@@ -103,9 +103,10 @@ def fetch(pin: Pin, cache: Path | None = None, log=print) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         got = Path(tmp) / pin.file
         if proc.returncode != 0 or not got.exists():
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+            lines = (proc.stderr or proc.stdout or "no output").strip().splitlines()
             raise BuildError(
-                f"could not download {pin.package}=={pin.version} from the package index:\n{tail}",
+                f"could not download {pin.package}=={pin.version} from the package index "
+                f"(pip: {lines[-1].strip()})",
                 f"check the network or pip's index settings, or put {pin.file} into {cache}")
         verify(got, pin)
         os.replace(got, archive)  # atomic: the cache never holds a half-written archive

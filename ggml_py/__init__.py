@@ -23,7 +23,7 @@ from .transfer import copy, copy_async
 from .ops import *  # noqa: F401,F403  (ggml ops by their ggml names)
 from .ops import matmul
 from .graph import Graph
-from . import ops
+from . import ops, rpc
 
 globals().update(TYPES)  # gg.f32, gg.f16, gg.q4_0, ...
 

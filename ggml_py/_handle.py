@@ -12,7 +12,13 @@ import weakref
 from .errors import ClosedError, GGMLWarning
 
 
-def _release(free, raw, what: str) -> None:
+LIVE = weakref.WeakSet()   # every open owned object, for closing what depends on a server
+
+
+def _release(free, raw, what: str, guard=None) -> None:
+    if guard is not None and not guard():
+        warnings.warn(f"not freeing {what}: its RPC server is gone", GGMLWarning, stacklevel=1)
+        return
     try:
         free(raw)
     except Exception as e:  # never raise from a finalizer
@@ -24,11 +30,14 @@ class Owned:
 
     _kind = "object"
 
-    def __init__(self, raw, free, *, parents=()):
+    def __init__(self, raw, free, *, parents=(), guard=None):
         self._raw = raw
         self._parents = tuple(parents)          # strong: a child keeps its parents alive
         self._children = weakref.WeakSet()
-        self._finalizer = weakref.finalize(self, _release, free, raw, self._kind)
+        # `guard` (optional) says whether freeing is still safe: ggml's RPC client aborts the
+        # process when it frees remote memory of a server that has died.
+        self._finalizer = weakref.finalize(self, _release, free, raw, self._kind, guard)
+        LIVE.add(self)
         for p in self._parents:
             if isinstance(p, Owned):
                 p._children.add(self)
@@ -55,6 +64,10 @@ class Owned:
             child.close()
         self._raw = None
         self._finalizer()
+
+    def _devices(self) -> set:
+        """Raw device handles this object depends on (for closing it with its RPC server)."""
+        return set()
 
     def __enter__(self):
         self.ptr  # refuse to enter a closed object

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ._handle import Owned
 from ._loader import cstr, ffi, lib
 from .errors import InvalidArgument, require
-from .registry import Device, require_events, usable_cores
+from .registry import Device, free_guard, require_events, usable_cores
 from . import transfer
 
 
@@ -20,7 +20,8 @@ class Backend(Owned):
     _kind = "backend"
 
     def __init__(self, raw, device: Device):
-        super().__init__(raw, lib.ggml_backend_free)
+        self._guard = free_guard(device.ptr)
+        super().__init__(raw, lib.ggml_backend_free, guard=self._guard)
         self._device = device
         self._pending: list = []
         self._n_threads = None
@@ -118,8 +119,11 @@ class Backend(Owned):
         from .graph import compute
         compute(self, graph, asynchronous=True)
 
+    def _devices(self) -> set:
+        return {self._device.ptr}
+
     def close(self) -> None:
-        if self._raw is not None:
+        if self._raw is not None and (self._guard is None or self._guard()):
             lib.ggml_backend_synchronize(self._raw)  # nothing queued may outlive its memory
             self._pending.clear()
         super().close()

@@ -11,6 +11,7 @@ import numpy as np
 from ._handle import Owned
 from ._loader import cstr, ffi, lib
 from .errors import GGMLError, InvalidArgument, UnsupportedError, require
+from .registry import free_guard
 
 _USAGE = {"any": lib.GGML_BACKEND_BUFFER_USAGE_ANY,
           "weights": lib.GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
@@ -84,8 +85,13 @@ class Buffer(Owned):
     _kind = "buffer"
 
     def __init__(self, raw, *, keep=None, parents=()):
-        super().__init__(raw, lib.ggml_backend_buffer_free, parents=parents)
+        dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(raw))
+        self._dev = None if dev == ffi.NULL else dev
+        super().__init__(raw, lib.ggml_backend_buffer_free, parents=parents, guard=free_guard(self._dev))
         self._keep = keep  # host memory a zero-copy buffer stands on
+
+    def _devices(self) -> set:
+        return {self._dev} if self._dev is not None else set()
 
     @classmethod
     def _from_host(cls, device, array) -> "Buffer":

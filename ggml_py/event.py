@@ -12,7 +12,7 @@ from __future__ import annotations
 from ._handle import Owned
 from ._loader import ffi, lib
 from .errors import GGMLError, require
-from .registry import Device, require_events
+from .registry import Device, free_guard, require_events
 
 
 class Event(Owned):
@@ -21,7 +21,7 @@ class Event(Owned):
     _kind = "event"
 
     def __init__(self, raw, device: Device):
-        super().__init__(raw, lib.ggml_backend_event_free)
+        super().__init__(raw, lib.ggml_backend_event_free, guard=free_guard(device.ptr))
         self._device = device
 
     @classmethod
@@ -46,6 +46,9 @@ class Event(Owned):
     def synchronize(self) -> None:
         """Block the host until the recorded work is done."""
         lib.ggml_backend_event_synchronize(self.ptr)
+
+    def _devices(self) -> set:
+        return {self._device.ptr}
 
     def __repr__(self):
         return "<Event closed>" if self.closed else f"<Event on {self._device.name}>"

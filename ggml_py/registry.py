@@ -268,6 +268,39 @@ def require_events(dev: Device) -> None:
         raise UnsupportedError(f"device {dev.name} has no events (its caps: {dev.caps})")
 
 
+def rpc_endpoint(dev_ptr) -> str | None:
+    """The server endpoint of an RPC device ('host:port'), None for other devices."""
+    reg = cstr(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev_ptr))) or ""
+    if not reg.startswith("RPC"):
+        return None
+    desc = cstr(lib.ggml_backend_dev_description(dev_ptr)) or ""
+    host, _, port = desc.rpartition(":")
+    return desc if host and port.isdigit() else None
+
+
+def _reachable(endpoint: str) -> bool:
+    """False only when the server's port refuses connections (nothing listens any more).
+
+    A busy server (it serves one client at a time, with a listen backlog of one) may let a
+    connection attempt time out: that counts as alive."""
+    import socket
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=0.5):
+            return True
+    except (ConnectionRefusedError, socket.gaierror):
+        return False
+    except OSError:
+        return True
+
+
+def free_guard(dev_ptr):
+    """For RPC devices: a check that the server still answers (freeing remote memory of a
+    dead server aborts the process); None for other devices."""
+    endpoint = rpc_endpoint(dev_ptr) if dev_ptr is not None and dev_ptr != ffi.NULL else None
+    return None if endpoint is None else (lambda: _reachable(endpoint))
+
+
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity), not the machine's count."""
     try:

@@ -115,6 +115,9 @@ class Context(Owned):
         self._buffers.extend(made)   # the context owns its tensors' memory
         return made
 
+    def _devices(self) -> set:
+        return set().union(*(b._devices() for b in self._buffers)) if self._buffers else set()
+
     def _chunk_tensors(self, raw):
         p = lib.ggml_get_first_tensor(raw)
         while p != ffi.NULL:
@@ -295,4 +298,4 @@ class _BorrowedBuffer(Buffer):
 
     def __init__(self, raw):
         Owned.__init__(self, raw, lambda _: None)
-        self._keep = None
+        self._keep, self._dev = None, None

@@ -1,0 +1,233 @@
+"""ggml's RPC backend from Python: serve local devices, connect to remote ones.
+
+    srv = gg.rpc.serve(gg.device("CPU"))        # a real ggml RPC server, in its own process
+    reg = gg.rpc.connect(srv.endpoint)           # its devices now appear in gg.devices()
+
+RPC has **no authentication and no encryption**: anyone who reaches the port can run work and
+read memory on the served devices. ``serve`` binds to loopback unless ``allow_remote=True``.
+A server serves one client at a time. ``ggml_backend_rpc_add_server`` aborts the process when
+nothing listens, so ``connect`` probes the port first and raises ``ConnectionError``.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+import weakref
+
+from ._loader import BUILD_DIR, ffi, lib
+from .errors import GGMLError, InvalidArgument, require
+from .registry import Device, Registry, device as _lookup, usable_cores
+
+WARNING = ("ggml's RPC server has no authentication or encryption: anyone who can reach "
+           "{endpoint} can use its devices. Never expose it to an untrusted network.")
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """'host:port' -> (host, port), validated."""
+    require(isinstance(endpoint, str), f"endpoint must be 'host:port', not {endpoint!r}")
+    host, sep, port = endpoint.rpartition(":")
+    require(bool(sep) and bool(host), f"endpoint {endpoint!r} is not 'host:port'")
+    require(port.isdigit() and 0 < int(port) < 65536, f"port of {endpoint!r} must be 1..65535")
+    return host.strip("[]"), int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def probe(endpoint: str, timeout: float = 5.0) -> None:
+    """Raise ConnectionError unless something accepts TCP connections at `endpoint`."""
+    host, port = parse_endpoint(endpoint)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as e:
+        raise ConnectionError(f"no RPC server reachable at {endpoint}: {e}") from None
+
+
+class Server:
+    """A ggml RPC server process. Owned: close() stops it (``with`` works too); it never
+    outlives this process."""
+
+    def __init__(self, proc: subprocess.Popen, endpoint: str):
+        self.proc = proc
+        self.endpoint = endpoint
+        self._finalizer = weakref.finalize(self, _stop, proc)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        """Close this process's objects on the server's devices, then stop the server."""
+        if self.alive:
+            close_dependents(self.endpoint)
+        self._finalizer()
+
+    def kill(self) -> None:
+        """Stop the server abruptly (SIGKILL), as a crash would."""
+        if self.alive:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<rpc.Server {self.endpoint} {'running' if self.alive else 'stopped'}>"
+
+
+def close_dependents(endpoint: str) -> None:
+    """Close every open context, buffer, event and backend that uses a device of `endpoint`
+    (contexts first: they own their buffers)."""
+    from ._handle import LIVE
+    from .registry import rpc_endpoint
+    from .tensor import Context
+    users = [o for o in list(LIVE) if not o.closed
+             and any(rpc_endpoint(d) == endpoint for d in o._devices())]
+    for o in sorted(users, key=lambda o: not isinstance(o, Context)):
+        o.close()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def serve(devices=None, host: str = "127.0.0.1", port: int = 0, cache_dir: str | None = None,
+          threads: int | None = None, *, allow_remote: bool = False, timeout: float = 30.0) -> Server:
+    """Start ``ggml_backend_rpc_start_server`` (which blocks) in a child process serving
+    `devices` (a Device, a name, or a list; default: the CPU), and wait until it accepts."""
+    if devices is None:
+        devices = ["CPU"]
+    elif isinstance(devices, (Device, str)):
+        devices = [devices]
+    names = [d.name if isinstance(d, Device) else _lookup(d).name for d in devices]
+    require(isinstance(port, int) and 0 <= port < 65536, f"port must be 0..65535, got {port!r}")
+    if not _is_loopback(host):
+        require(allow_remote, f"binding to {host} exposes the server beyond this machine; pass "
+                              "allow_remote=True to do so deliberately")
+        warnings.warn(WARNING.format(endpoint=f"{host}:{port}"), stacklevel=2)
+    port = port or _free_port(host)
+    endpoint = f"{host}:{port}"
+    cmd = [sys.executable, "-m", "ggml_py", "rpc-server", "--host", host, "--port", str(port),
+           "--parent", str(os.getpid())]
+    for n in names:
+        cmd += ["--device", n]
+    if cache_dir:
+        cmd += ["--cache-dir", str(cache_dir)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    env = dict(os.environ, GGML_PY_BUILD=str(BUILD_DIR))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    server = Server(proc, endpoint)
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace")[-2000:]
+            raise GGMLError(f"the RPC server exited (code {proc.returncode}) before accepting "
+                            f"connections:\n{err}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return server
+        except OSError:
+            if time.monotonic() > deadline:
+                server.close()
+                raise TimeoutError(f"the RPC server did not accept connections at {endpoint} "
+                                   f"within {timeout} s") from None
+            time.sleep(0.05)
+
+
+_connected: dict[str, Registry] = {}
+
+
+def connect(endpoint: str, timeout: float = 5.0) -> Registry:
+    """Register the server at `endpoint`; its devices appear in ``gg.devices()``.
+
+    Raises ConnectionError when nothing listens there (ggml itself would abort)."""
+    parse_endpoint(endpoint)
+    if endpoint in _connected:
+        return _connected[endpoint]
+    probe(endpoint, timeout)
+    raw = lib.ggml_backend_rpc_add_server(endpoint.encode())
+    if raw == ffi.NULL:
+        raise ConnectionError(f"ggml could not add the RPC server at {endpoint}")
+    lib.ggml_backend_register(raw)
+    reg = _connected[endpoint] = Registry(raw)
+    return reg
+
+
+# -- the server process ------------------------------------------------------------------------
+def _watch_parent(parent: int) -> None:
+    """Exit when the parent dies (the server must never outlive it)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    def loop():
+        while True:
+            if os.getppid() != parent:
+                os._exit(0)
+            time.sleep(0.5)
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def server_main(argv) -> int:
+    """``python -m ggml_py rpc-server``: serve devices over ggml RPC until killed."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m ggml_py rpc-server",
+                                description="Serve local ggml devices over RPC (no authentication!)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50052)
+    p.add_argument("--device", action="append", help="device name (repeatable; default CPU)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow binding to a non-loopback address")
+    p.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if not 0 < args.port < 65536:
+        p.error("--port must be 1..65535")
+    if not _is_loopback(args.host):
+        if not args.allow_remote and args.parent is None:
+            p.error(f"--host {args.host} is not loopback; add --allow-remote to expose the server")
+        print("WARNING: " + WARNING.format(endpoint=f"{args.host}:{args.port}"), file=sys.stderr)
+    if args.parent:
+        _watch_parent(args.parent)
+    try:
+        devs = [_lookup(n) for n in (args.device or ["CPU"])]
+    except LookupError as e:
+        print(f"rpc-server: {e}", file=sys.stderr)
+        return 2
+    arr = ffi.new("ggml_backend_dev_t[]", [d.ptr for d in devs])
+    endpoint = f"{args.host}:{args.port}".encode()
+    cache = args.cache_dir.encode() if args.cache_dir else ffi.NULL
+    sys.stdout.flush()
+    lib.ggml_backend_rpc_start_server(endpoint, cache, args.threads or usable_cores(), len(devs), arr)
+    return 0

@@ -1,0 +1,62 @@
+"""Fixtures: real devices only. RPC devices come from real ggml RPC servers on loopback, each
+in its own process, started once per test session."""
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # build_ggml / ggml_build for the build tests
+
+import ggml_py as gg  # noqa: E402
+
+N_RPC = 2
+
+
+@pytest.fixture(scope="session")
+def rpc_servers():
+    servers = [gg.rpc.serve() for _ in range(N_RPC)]
+    for s in servers:
+        gg.rpc.connect(s.endpoint)
+    yield servers
+    for s in servers:
+        s.close()
+
+
+def _local_names():
+    return [d.name for d in gg.devices()]
+
+
+DEVICE_NAMES = _local_names() + [f"RPC{i}" for i in range(N_RPC)]
+
+
+@pytest.fixture(params=DEVICE_NAMES)
+def dev(request, rpc_servers):
+    """Every available device: the local ones (CPU, and CUDA/Metal/Vulkan where built) and
+    two RPC devices."""
+    return gg.device(request.param)
+
+
+@pytest.fixture
+def cpu():
+    return gg.device("CPU")
+
+
+@pytest.fixture
+def rpc_devs(rpc_servers):
+    return [gg.device(f"RPC{i}") for i in range(N_RPC)]
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def nmse(got, ref) -> float:
+    """test-backend-ops' metric: sum((a-b)^2) / sum(a^2)."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    den = np.sum(ref * ref)
+    return float(np.sum((got - ref) ** 2) / (den if den else 1.0))

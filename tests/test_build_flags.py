@@ -1,0 +1,66 @@
+"""Backend selection per platform, as pure logic."""
+import pytest
+
+from ggml_build import BuildError
+from ggml_build.flags import Platform, cmake_flags, config_name, default_backends, parse_backends
+
+LINUX = Platform("Linux", nvcc=False, nvidia_gpu=False)
+LINUX_NVCC_NO_GPU = Platform("Linux", nvcc=True, nvidia_gpu=False)
+LINUX_GPU = Platform("Linux", nvcc=True, nvidia_gpu=True)
+MAC = Platform("Darwin", nvcc=False, nvidia_gpu=False)
+
+
+def test_cpu_and_rpc_always():
+    for p in (LINUX, LINUX_NVCC_NO_GPU, LINUX_GPU, MAC):
+        assert default_backends(p)[:2] == ("cpu", "rpc")
+
+
+def test_macos_gets_metal_with_embedded_library():
+    assert default_backends(MAC) == ("cpu", "rpc", "metal")
+    f = cmake_flags(default_backends(MAC), MAC)
+    assert f["GGML_METAL"] == "ON" and f["GGML_METAL_EMBED_LIBRARY"] == "ON"
+    assert f["CMAKE_INSTALL_RPATH"] == "@loader_path"
+
+
+def test_nvcc_with_visible_gpu_gets_cuda():
+    assert default_backends(LINUX_GPU) == ("cpu", "rpc", "cuda")
+    f = cmake_flags(default_backends(LINUX_GPU), LINUX_GPU, cuda_arch="90")
+    assert f["GGML_CUDA"] == "ON" and f["CMAKE_CUDA_ARCHITECTURES"] == "90"
+
+
+def test_nvcc_without_gpu_gets_no_cuda():
+    assert default_backends(LINUX_NVCC_NO_GPU) == ("cpu", "rpc")
+    assert cmake_flags(default_backends(LINUX_NVCC_NO_GPU), LINUX_NVCC_NO_GPU)["GGML_CUDA"] == "OFF"
+
+
+def test_linux_defaults():
+    f = cmake_flags(default_backends(LINUX), LINUX)
+    assert f["GGML_NATIVE"] == "OFF" and f["BUILD_SHARED_LIBS"] == "ON" and f["GGML_RPC"] == "ON"
+    assert f["GGML_BUILD_TESTS"] == "OFF" and f["GGML_BUILD_EXAMPLES"] == "OFF"
+    assert f["CMAKE_INSTALL_RPATH"] == "$ORIGIN" and f["GGML_METAL"] == "OFF"
+    assert cmake_flags(("cpu", "rpc"), LINUX, native=True)["GGML_NATIVE"] == "ON"
+
+
+def test_vulkan_only_when_asked():
+    assert "vulkan" not in default_backends(LINUX_GPU)
+    assert parse_backends("vulkan", LINUX) == ("cpu", "rpc", "vulkan")
+    assert cmake_flags(("cpu", "rpc", "vulkan"), LINUX)["GGML_VULKAN"] == "ON"
+
+
+def test_backends_are_normalised_and_checked():
+    assert parse_backends(" CUDA , cpu", LINUX) == ("cpu", "rpc", "cuda")
+    assert parse_backends(None, MAC) == ("cpu", "rpc", "metal")
+    with pytest.raises(BuildError, match="unknown backend"):
+        parse_backends("cpu,opencl2", LINUX)
+    with pytest.raises(BuildError, match="macOS"):
+        parse_backends("metal", LINUX)
+
+
+def test_output_folders_differ_per_release_and_configuration():
+    names = {config_name("0.25.3", ("cpu", "rpc")), config_name("0.20.2", ("cpu", "rpc")),
+             config_name("0.25.3", ("cpu", "rpc", "cuda"), cuda_arch="90"),
+             config_name("0.25.3", ("cpu", "rpc"), native=True),
+             config_name("0.25.3", ("cpu", "rpc"), source="/a"),
+             config_name("0.25.3", ("cpu", "rpc"), source="/b")}
+    assert len(names) == 6
+    assert config_name("0.25.3", ("cpu", "rpc")) == "ggml-0.25.3-cpu-rpc"
