@@ -84,19 +84,27 @@ def to_numpy(t, copy: bool | None) -> np.ndarray:
     return T.from_float_bytes(t.type, raw, t.size).reshape(t.shape)
 
 
-def _same_device(t, backend, role: str) -> None:
+def _same_device(t, backend, role: str, *, strict: bool = False) -> None:
+    """Refuse a tensor whose buffer belongs to another device than `backend`'s.
+
+    Host buffers pass for copies (every backend's copy path can read them); async set/get
+    (`strict`) needs the backend's own memory, as their device code assumes it."""
     buf = t.ptr.buffer
-    if lib.ggml_backend_buffer_is_host(buf):
-        return
     dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(buf))
-    require(dev == ffi.NULL or dev == lib.ggml_backend_get_device(backend.ptr),
-            f"{role} tensor {t.name or '(unnamed)'} lives on another device than backend "
-            f"{backend.name}")
+    be_dev = lib.ggml_backend_get_device(backend.ptr)
+    if dev == be_dev:
+        return
+    if dev == ffi.NULL or lib.ggml_backend_buffer_is_host(buf):
+        # CPU memory: fine for the CPU backend, and for copies on any backend
+        if not strict or int(lib.ggml_backend_dev_type(be_dev)) == int(lib.GGML_BACKEND_DEVICE_TYPE_CPU):
+            return
+    raise InvalidArgument(f"{role} tensor {t.name or '(unnamed)'} lives on another device than "
+                          f"backend {backend.name}")
 
 
 def set_async(backend, t, array, offset: int = 0) -> None:
     array, offset = _host_array(t, array, offset, writable=False, what="set_async")
-    _same_device(t, backend, "the")
+    _same_device(t, backend, "the", strict=True)
     backend._pending.append((t, array))
     if array.nbytes:
         lib.ggml_backend_tensor_set_async(backend.ptr, t.ptr, ffi.from_buffer("void *", array),
@@ -105,7 +113,7 @@ def set_async(backend, t, array, offset: int = 0) -> None:
 
 def get_async(backend, t, out, offset: int = 0) -> np.ndarray:
     out, offset = _host_array(t, out, offset, writable=True, what="get_async")
-    _same_device(t, backend, "the")
+    _same_device(t, backend, "the", strict=True)
     backend._pending.append((t, out))
     if out.nbytes:
         lib.ggml_backend_tensor_get_async(backend.ptr, t.ptr,

@@ -1,0 +1,86 @@
+"""Every mistake a user can make through the backend objects raises a Python exception with a
+message, and the process and every other object stay usable."""
+import numpy as np
+import pytest
+
+import ggml_py as gg
+
+
+@pytest.fixture
+def env(cpu, rpc_devs):
+    be = cpu.backend()
+    rb = rpc_devs[0].backend()
+    ctx = gg.Context()
+    a = ctx.tensor(gg.f32, (4, 8), "a")
+    b = ctx.tensor(gg.f32, (4, 8), "b")
+    c = ctx.tensor(gg.f16, (4, 8), "c")
+    small = ctx.tensor(gg.f32, (4, 4), "small")
+    ctx.alloc(be)
+    rctx = gg.Context()
+    r = rctx.tensor(gg.f32, (4, 8), "r")
+    rctx.alloc(rb)
+    unalloc_ctx = gg.Context()
+    u = unalloc_ctx.tensor(gg.f32, (4, 8), "u")
+    closed_ctx = gg.Context()
+    z = closed_ctx.tensor(gg.f32, (4,), "z")
+    closed_ctx.close()
+    closed_be = cpu.backend()
+    closed_be.close()
+    e = dict(cpu=cpu, rpc=rpc_devs[0], be=be, rb=rb, ctx=ctx, a=a, b=b, c=c, small=small, r=r,
+             u=u, z=z, closed_be=closed_be, x=np.ones((4, 8), np.float32))
+    yield e
+    ctx.close(); rctx.close(); unalloc_ctx.close(); be.close(); rb.close()
+
+
+CASES = {
+    "device name": (LookupError, lambda e: gg.device("GPU7")),
+    "device index": (LookupError, lambda e: gg.device(42)),
+    "device key type": (ValueError, lambda e: gg.device(1.5)),
+    "device type": (ValueError, lambda e: gg.device(type="quantum")),
+    "event on cpu": (gg.UnsupportedError, lambda e: e["cpu"].event()),
+    "copy size differs": (ValueError, lambda e: gg.copy_async(e["a"], e["small"], e["be"], e["be"])),
+    "copy type differs": (TypeError, lambda e: gg.copy_async(e["a"], e["c"], e["be"], e["be"])),
+    "copy unallocated": (ValueError, lambda e: gg.copy_async(e["u"], e["a"], e["be"], e["be"])),
+    "copy wrong backend": (ValueError, lambda e: gg.copy_async(e["r"], e["a"], e["be"], e["be"])),
+    "set out of bounds": (ValueError, lambda e: e["a"].set(np.ones(40, np.uint8).view(np.uint8), offset=100)),
+    "set wrong dtype": (TypeError, lambda e: e["a"].set(np.ones((4, 8), np.float64))),
+    "set wrong size": (ValueError, lambda e: e["a"].set(np.ones((4, 9), np.float32))),
+    "set non-contiguous": (ValueError, lambda e: e["a"].set(np.ones((8, 4), np.float32).T)),
+    "set not an array": (TypeError, lambda e: e["a"].set([1.0] * 32)),
+    "get wrong size": (ValueError, lambda e: e["be"].get(e["a"], np.empty(31, np.float32))),
+    "get read-only out": (ValueError, lambda e: e["be"].get(e["a"], np.broadcast_to(np.float32(0), (4, 8)))),
+    "set_async out of bounds": (ValueError, lambda e: e["rb"].set_async(e["r"], np.ones(64, np.uint8), offset=120)),
+    "set_async wrong dtype": (TypeError, lambda e: e["rb"].set_async(e["r"], np.ones((4, 8), np.int32))),
+    "set_async other device": (ValueError, lambda e: e["rb"].set_async(e["a"], e["x"])),
+    "get_async non-contiguous": (ValueError, lambda e: e["rb"].get_async(e["r"], np.empty((8, 4), np.float32).T)),
+    "set on unallocated tensor": (ValueError, lambda e: e["u"].set(e["x"])),
+    "numpy of unallocated tensor": (ValueError, lambda e: e["u"].numpy()),
+    "tensor of closed context": (gg.ClosedError, lambda e: e["z"].numpy()),
+    "closed backend": (gg.ClosedError, lambda e: e["closed_be"].set(e["a"], e["x"])),
+    "buffer over max size": (ValueError, lambda e: e["cpu"].buffer_type.alloc(e["cpu"].buffer_type.max_size + 1)),
+    "negative buffer size": (ValueError, lambda e: e["cpu"].buffer_type.alloc(-1)),
+    "clear value": (ValueError, lambda e: e["cpu"].buffer_type.alloc(8).clear(300)),
+    "unaligned host buffer": (ValueError, lambda e: e["cpu"].buffer_from_host(np.zeros(65, np.uint8)[1:])),
+    "wait on a backend without events": (gg.UnsupportedError, lambda e: e["be"].wait(e["rpc"].event())),
+    "n_threads": (ValueError, lambda e: setattr(e["be"], "n_threads", 0)),
+    "unknown type": (TypeError, lambda e: e["ctx"].tensor("f99", (4,))),
+    "bad shape": (ValueError, lambda e: e["ctx"].tensor(gg.f32, (4, 0))),
+    "too many axes": (ValueError, lambda e: e["ctx"].tensor(gg.f32, (1, 2, 3, 4, 5))),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_raises_and_nothing_is_lost(env, case, rng):
+    exc, fn = CASES[case]
+    with pytest.raises(exc) as info:
+        fn(env)
+    assert isinstance(info.value, gg.GGMLError) or exc is LookupError
+    assert str(info.value)
+    # everything still works afterwards
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    env["a"].set(x)
+    gg.copy_async(env["a"], env["b"], env["be"], env["be"])
+    assert np.array_equal(env["b"].numpy(), x)
+    env["rb"].set_async(env["r"], x)
+    env["rb"].synchronize()
+    assert np.array_equal(env["r"].numpy(), x)

@@ -1,0 +1,54 @@
+"""copy_async between backends of every pair of devices."""
+import itertools
+
+import numpy as np
+import pytest
+
+import ggml_py as gg
+from conftest import DEVICE_NAMES
+
+
+def _tensor_on(dev, be, x):
+    ctx = gg.Context()
+    t = ctx.from_numpy(x)
+    ctx.alloc(be)
+    return ctx, t
+
+
+@pytest.mark.parametrize("src_name, dst_name", list(itertools.product(DEVICE_NAMES, repeat=2)))
+def test_copy_async_every_pair(rpc_servers, src_name, dst_name, rng):
+    src_dev, dst_dev = gg.device(src_name), gg.device(dst_name)
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    with src_dev.backend() as sb, dst_dev.backend() as db:
+        cs, s = _tensor_on(src_dev, sb, x)
+        cd, d = _tensor_on(dst_dev, db, x)
+        sb.set_async(s, x)
+        if src_dev.caps.events and dst_dev.registry == src_dev.registry:
+            with src_dev.event() as ev:
+                ev.record(sb)
+                db.wait(ev)
+                gg.copy_async(s, d, sb, db)
+                db.synchronize()
+        else:
+            sb.synchronize()
+            gg.copy_async(s, d, sb, db)
+            db.synchronize()
+        assert np.array_equal(d.numpy(), x)
+        cs.close()
+        cd.close()
+
+
+def test_copy_chain_cpu_rpc0_rpc1_cpu(cpu, rpc_devs, rng):
+    x = rng.integers(0, 255, 1 << 20, dtype=np.uint8).view(np.int8)
+    devs = [cpu, rpc_devs[0], rpc_devs[1], cpu]
+    bes = [d.backend() for d in devs]
+    ctxs, ts = zip(*[_tensor_on(d, b, x) for d, b in zip(devs, bes)])
+    ts[0].set(x)
+    for i in range(3):
+        gg.copy_async(ts[i], ts[i + 1], bes[i], bes[i + 1])
+        bes[i + 1].synchronize()
+    assert ts[3].numpy().tobytes() == x.tobytes()
+    for c in ctxs:
+        c.close()
+    for b in bes:
+        b.close()

@@ -1,0 +1,110 @@
+"""Ownership: idempotent close, closed objects raise, children keep parents alive, weakrefs
+die, and create/close cycles do not leak."""
+import gc
+import weakref
+
+import numpy as np
+import psutil
+import pytest
+
+import ggml_py as gg
+
+
+def _owned(cpu, rpc_devs):
+    yield "buffer", lambda: cpu.buffer_type.alloc(1024)
+    yield "backend", lambda: cpu.backend()
+    yield "event", lambda: rpc_devs[0].event()
+    yield "context", lambda: gg.Context()
+    yield "rpc backend", lambda: rpc_devs[0].backend()
+    yield "rpc buffer", lambda: rpc_devs[0].buffer_type.alloc(1024)
+
+
+def test_weakrefs_die_after_gc(cpu, rpc_devs):
+    for what, make in _owned(cpu, rpc_devs):
+        obj = make()
+        ref = weakref.ref(obj)
+        del obj
+        gc.collect()
+        assert ref() is None, what
+
+
+def test_close_is_idempotent_and_closed_objects_raise(cpu, rpc_devs):
+    for what, make in _owned(cpu, rpc_devs):
+        obj = make()
+        obj.close()
+        obj.close()
+        assert obj.closed
+        with pytest.raises(gg.ClosedError):
+            obj.ptr
+        with pytest.raises(gg.ClosedError):
+            with obj:
+                pass
+
+
+def test_closed_objects_raise_on_use(cpu, rpc_devs):
+    be = cpu.backend(); be.close()
+    with pytest.raises(gg.ClosedError):
+        be.synchronize()
+    buf = cpu.buffer_type.alloc(64); buf.close()
+    with pytest.raises(gg.ClosedError):
+        buf.clear(0)
+    ev = rpc_devs[0].event(); ev.close()
+    with pytest.raises(gg.ClosedError):
+        ev.synchronize()
+
+
+def test_tensor_keeps_its_context_and_memory_alive(cpu):
+    be = cpu.backend()
+    ctx = gg.Context()
+    t = ctx.tensor(gg.f32, (4,))
+    ctx.alloc(be)
+    t.set(np.arange(4, dtype=np.float32))
+    ref = weakref.ref(ctx)
+    del ctx
+    gc.collect()
+    assert ref() is not None
+    assert t.numpy().tolist() == [0, 1, 2, 3]
+
+
+def test_closing_a_context_closes_its_buffers_and_tensors_raise(cpu):
+    with cpu.backend() as be:
+        ctx = gg.Context()
+        t = ctx.tensor(gg.f32, (4,))
+        (buf,) = ctx.alloc(be)
+        ctx.close()
+        assert buf.closed
+        with pytest.raises(gg.ClosedError):
+            t.numpy()
+
+
+def test_zero_copy_view_keeps_memory_alive(cpu):
+    with cpu.backend() as be:
+        ctx = gg.Context()
+        t = ctx.tensor(gg.f32, (1000,))
+        ctx.alloc(be)
+        t.set(np.full(1000, 2.0, np.float32))
+        view = t.numpy()
+        assert view.ctypes.data == t.data      # zero copy
+        del ctx, t
+        gc.collect()
+        assert view.sum() == 2000.0
+
+
+@pytest.mark.slow
+def test_create_close_cycles_do_not_grow_rss(cpu, rpc_devs):
+    proc = psutil.Process()
+
+    def cycles(n):
+        for _ in range(n):
+            cpu.buffer_type.alloc(256).close()
+            cpu.backend().close()
+        for _ in range(n // 10):          # events travel to the RPC server: fewer, same paths
+            rpc_devs[0].event().close()
+
+    cycles(2000)  # warm up allocator pools
+    gc.collect()
+    before = proc.memory_info().rss
+    cycles(100_000)
+    gc.collect()
+    grown = proc.memory_info().rss - before
+    assert grown < 5 * 2**20, f"RSS grew by {grown / 2**20:.1f} MiB"

@@ -1,0 +1,58 @@
+"""Registries and devices."""
+import pytest
+
+import ggml_py as gg
+
+
+def test_registries_and_devices_enumerate():
+    regs = gg.registries()
+    assert {"CPU", "RPC"} <= {r.name for r in regs}
+    devs = gg.devices()
+    assert devs[0].name == "CPU"
+    assert sum(len(r.devices) for r in regs) == len(devs)
+
+
+def test_device_properties(dev):
+    free, total = dev.memory
+    assert 0 <= free <= total and total > 0
+    assert dev.type in ("cpu", "gpu", "igpu", "accel")
+    assert isinstance(dev.caps, gg.Caps) and dev.description
+    assert any(dev in r.devices for r in gg.registries())
+    # RPC devices report the shared RPC registry, not the per-server one that lists them
+    assert dev.registry.name in {r.name for r in gg.registries()}
+    # ggml leaves the CPU buffer type without a device
+    assert dev.buffer_type.device == (None if dev.type == "cpu" else dev)
+    assert dev.buffer_types[0] == dev.buffer_type
+    h = dev.host_buffer_type
+    assert h is None or h.is_host
+
+
+def test_cpu_caps(cpu):
+    c = cpu.caps
+    assert c.events is False and c.async_ is False and c.buffer_from_host_ptr is True
+    assert cpu.type == "cpu" and cpu.host_buffer_type is None
+    assert "AVX2" in cpu.registry.features or cpu.registry.features  # x86 build reports features
+
+
+def test_rpc_devices_have_events_and_async(rpc_devs):
+    for d in rpc_devs:
+        assert d.caps.events and d.caps.async_
+        assert d.registry.name.startswith("RPC")
+
+
+def test_lookup_by_name_index_and_type(rpc_devs):
+    assert gg.device("CPU") is gg.device(0) is gg.device(type="cpu")
+    assert gg.device("cpu") is gg.device("CPU")
+    assert gg.device("RPC1") is rpc_devs[1]
+
+
+@pytest.mark.parametrize("key, kw", [("NOPE", {}), (99, {}), (-1, {}), (None, {"type": "accel"})])
+def test_lookup_misses_raise_lookup_error(key, kw):
+    with pytest.raises(LookupError):
+        gg.device(key, **kw)
+
+
+def test_supports_op(cpu):
+    with gg.Context() as ctx:
+        a = ctx.tensor(gg.f32, (4, 4))
+        assert cpu.supports_op(a + a)
