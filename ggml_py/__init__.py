@@ -23,9 +23,17 @@ from .transfer import copy, copy_async
 from .ops import *  # noqa: F401,F403  (ggml ops by their ggml names)
 from .ops import matmul
 from .graph import Graph
-from . import ops, rpc
+from . import ops
 
 globals().update(TYPES)  # gg.f32, gg.f16, gg.q4_0, ...
+
+
+def __getattr__(name):
+    # gg.rpc loads on first use: sockets and subprocesses are not needed by every import
+    if name == "rpc":
+        import importlib
+        return importlib.import_module(".rpc", __name__)
+    raise AttributeError(f"module 'ggml_py' has no attribute {name!r}")
 
 
 def ggml_version() -> str:

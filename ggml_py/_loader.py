@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
-import tomllib
 from pathlib import Path
 
 from .errors import GGMLError
@@ -24,7 +24,8 @@ def _default_name() -> str:
     """ggml-<default release>-<default backends for this platform>, as build_ggml.py names it."""
     manifest = PACKAGE.parent / "vendor" / "releases.toml"
     if manifest.exists():
-        release = tomllib.loads(manifest.read_text())["default"]
+        # the manifest's top-level `default = "x.y.z"` (no TOML parser needed at import)
+        release = re.search(r'^default\s*=\s*"([^"]+)"', manifest.read_text(), re.M).group(1)
     else:  # installed without the source tree: the only build shipped is the default
         found = sorted(LIB_ROOT.glob("ggml-*/build.json"))
         if not found:

@@ -1,0 +1,42 @@
+"""Import time of ggml_py vs numpy, and a raw binding call vs ctypes on the same library.
+
+    python benchmarks/bench_import_and_calls.py
+"""
+import ctypes
+import statistics
+import subprocess
+import sys
+import timeit
+
+
+def import_time(module: str, runs: int = 15) -> float:
+    code = f"import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
+    times = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  check=True).stdout) for _ in range(runs)]
+    return statistics.median(times)
+
+
+def main():
+    np_t = import_time("numpy")
+    gg_t = import_time("ggml_py")
+    print(f"import numpy    {np_t * 1e3:7.1f} ms")
+    print(f"import ggml_py  {gg_t * 1e3:7.1f} ms  ({gg_t / np_t:.2f}x numpy; includes numpy)")
+
+    import ggml_py as gg
+    ctx = gg.Context()
+    t = ctx.tensor(gg.f32, (64, 64))
+    raw = t.ptr
+    n = 1_000_000
+    cffi_t = min(timeit.repeat(lambda: gg.lib.ggml_nelements(raw), number=n, repeat=5)) / n
+    base = ctypes.CDLL(str(gg.BUILD_DIR / "libggml-base.so"))
+    fn = base.ggml_nelements
+    fn.restype, fn.argtypes = ctypes.c_int64, [ctypes.c_void_p]
+    addr = ctypes.c_void_p(int(gg.ffi.cast("uintptr_t", raw)))
+    ct_t = min(timeit.repeat(lambda: fn(addr), number=n, repeat=5)) / n
+    print(f"ggml_nelements  cffi {cffi_t * 1e9:6.1f} ns   ctypes {ct_t * 1e9:6.1f} ns   "
+          f"({cffi_t / ct_t:.2f}x ctypes)")
+    ctx.close()
+
+
+if __name__ == "__main__":
+    main()
