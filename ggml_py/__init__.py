@@ -23,6 +23,7 @@ from .transfer import copy, copy_async
 from .ops import *  # noqa: F401,F403  (ggml ops by their ggml names)
 from .ops import matmul
 from .graph import Graph
+from .scheduler import Scheduler
 from . import ops
 
 globals().update(TYPES)  # gg.f32, gg.f16, gg.q4_0, ...
@@ -51,7 +52,7 @@ def build_info() -> dict:
 
 __all__ = [
     "ggml_version", "build_info", "registries", "devices", "device", "Registry", "Device", "Caps",
-    "BufferType", "Buffer", "Backend", "Event", "Context", "Tensor", "Graph", "GGMLType",
+    "BufferType", "Buffer", "Backend", "Event", "Context", "Tensor", "Graph", "Scheduler", "GGMLType",
     "TYPES", "quantize", "copy", "copy_async", "aligned_empty", "matmul",
     "GGMLError", "ClosedError", "UnsupportedError", "InvalidArgument", "InvalidType", "NotFound",
     "OutOfMemory", "GGMLWarning", "ffi", "lib",

@@ -114,7 +114,7 @@ def prepare(backend, graph: Graph) -> None:
     for t, is_node in _walk(graph):
         name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
         has_data = t.data != ffi.NULL or t.view_src != ffi.NULL
-        if not is_node and not has_data:
+        if not is_node and t.data == ffi.NULL:
             raise InvalidArgument(f"input tensor {name!r} has no memory: allocate its context "
                                   "(ctx.alloc(backend)) and set its values before computing")
         if t.buffer != ffi.NULL:

@@ -1,0 +1,130 @@
+"""The multi-device scheduler (owned): ``ggml_backend_sched``, one graph split across backends.
+
+    >>> sched = gg.Scheduler([rpc_backend, cpu_backend])   # doctest: +SKIP
+    >>> sched.compute(gg.Graph(out)); sched.n_splits, sched.n_copies
+
+ggml's rules, checked here first: at most GGML_SCHED_MAX_BACKENDS backends, the last one on a
+CPU device, every backend distinct. Node memory placed by the scheduler is valid until the
+scheduler computes another graph or closes; after close() those tensors report no memory
+instead of pointing at freed buffers.
+"""
+from __future__ import annotations
+
+from ._handle import Owned
+from ._loader import ffi, lib
+from .backend import Backend
+from .errors import GGMLError, InvalidArgument, check, require
+from .graph import Graph, _walk
+
+MAX_BACKENDS = 16  # GGML_SCHED_MAX_BACKENDS (a private define of ggml-backend.cpp)
+
+
+class Scheduler(Owned):
+    """Schedules graphs over `backends` (highest priority first; the last must be a CPU)."""
+
+    _kind = "scheduler"
+
+    def __init__(self, backends, *, graph_size: int = 4096, parallel: bool = False,
+                 op_offload: bool = True):
+        backends = list(backends)
+        require(backends and all(isinstance(b, Backend) for b in backends),
+                "Scheduler needs a list of Backend objects")
+        require(len(backends) <= MAX_BACKENDS, f"at most {MAX_BACKENDS} backends")
+        require(len({id(b) for b in backends}) == len(backends), "a backend is listed twice")
+        require(backends[-1].device.type == "cpu",
+                f"the last backend must be on a CPU device (ggml's rule), not {backends[-1].name}")
+        arr = ffi.new("ggml_backend_t[]", [b.ptr for b in backends])
+        raw = lib.ggml_backend_sched_new(arr, ffi.NULL, len(backends), int(graph_size),
+                                         bool(parallel), bool(op_offload))
+        if raw == ffi.NULL:
+            raise GGMLError("ggml_backend_sched_new failed")
+        super().__init__(raw, lib.ggml_backend_sched_free, parents=backends)
+        self.backends = backends
+        self._graph_size = int(graph_size)
+        self._placed = []   # (graph, raw nodes whose memory the scheduler placed)
+
+    def _check(self, graph: Graph) -> None:
+        require(isinstance(graph, Graph), "expected a gg.Graph")
+        require(graph.n_nodes <= self._graph_size,
+                f"the graph has {graph.n_nodes} nodes; this scheduler was made for "
+                f"{self._graph_size} (Scheduler(graph_size=...))")
+        for t, is_node in _walk(graph):
+            if not is_node and t.data == ffi.NULL:
+                raise InvalidArgument("a graph input has no memory: allocate and set it first")
+
+    def reserve(self, graph: Graph) -> None:
+        """Size the compute buffers for graphs like `graph` (optional; compute does it)."""
+        self._check(graph)
+        if not lib.ggml_backend_sched_reserve(self.ptr, graph.ptr):
+            raise GGMLError("ggml_backend_sched_reserve failed (out of memory?)")
+
+    def set_backend(self, tensor, backend: Backend) -> None:
+        """Pin the node `tensor` to `backend` (one of the scheduler's)."""
+        require(any(b is backend for b in self.backends), "backend is not one of the scheduler's")
+        lib.ggml_backend_sched_set_tensor_backend(self.ptr, tensor.ptr, backend.ptr)
+
+    def backend_of(self, tensor) -> Backend | None:
+        p = lib.ggml_backend_sched_get_tensor_backend(self.ptr, tensor.ptr)
+        return next((b for b in self.backends if b.ptr == p), None)
+
+    def alloc(self, graph: Graph) -> None:
+        """Split `graph` and allocate its nodes across the backends."""
+        self._check(graph)
+        self._forget()
+        placed = [t for t, is_node in _walk(graph) if is_node and t.data == ffi.NULL]
+        if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
+            raise GGMLError("the scheduler could not allocate the graph (out of memory?)")
+        self._placed.append((graph, placed))
+        graph.ctx._keep.append(self)
+
+    def compute(self, graph: Graph) -> None:
+        self._compute(graph, lib.ggml_backend_sched_graph_compute)
+
+    def compute_async(self, graph: Graph) -> None:
+        """Queue the graph; call synchronize() before reading results."""
+        self._compute(graph, lib.ggml_backend_sched_graph_compute_async)
+
+    def _compute(self, graph, fn) -> None:
+        if not any(g is graph for g, _ in self._placed):
+            lib.ggml_backend_sched_reset(self.ptr)
+            self.alloc(graph)
+        check(fn(self.ptr, graph.ptr), "scheduled graph compute")
+
+    def synchronize(self) -> None:
+        lib.ggml_backend_sched_synchronize(self.ptr)
+
+    def reset(self) -> None:
+        """Drop the current allocation (the tensors it placed lose their memory)."""
+        lib.ggml_backend_sched_reset(self.ptr)
+        self._forget()
+
+    @property
+    def n_splits(self) -> int:
+        return int(lib.ggml_backend_sched_get_n_splits(self.ptr))
+
+    @property
+    def n_copies(self) -> int:
+        return int(lib.ggml_backend_sched_get_n_copies(self.ptr))
+
+    def buffer_size(self, backend: Backend) -> int:
+        return int(lib.ggml_backend_sched_get_buffer_size(self.ptr, backend.ptr))
+
+    def _forget(self) -> None:
+        """Unhook nodes whose memory the scheduler placed: they read as unallocated again."""
+        for graph, nodes in self._placed:
+            if graph.ctx.closed:
+                continue
+            for t in nodes:
+                t.data = ffi.NULL
+                t.buffer = ffi.NULL
+        self._placed = []
+
+    def close(self) -> None:
+        if self._raw is not None:
+            lib.ggml_backend_sched_synchronize(self._raw)
+            self._forget()
+        super().close()
+
+    def __repr__(self):
+        return "<Scheduler closed>" if self.closed else \
+            f"<Scheduler {[b.name for b in self.backends]}>"
