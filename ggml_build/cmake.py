@@ -29,7 +29,7 @@ def find_tools() -> dict[str, str]:
     """cmake and ninja, from PATH or from their PyPI wheels; one clear error when missing."""
     tools = {}
     for name in ("cmake", "ninja"):
-        path = shutil.which(name)
+        path = _stable_which(name)
         if path is None:
             try:
                 mod = __import__(name)
@@ -46,6 +46,15 @@ def find_tools() -> dict[str, str]:
         raise BuildError("no C/C++ compiler found",
                          "install one: apt-get install build-essential (or xcode-select --install)")
     return tools
+
+
+def _stable_which(name: str) -> str | None:
+    """`name` from PATH, preferring copies outside pip's temporary build environments: a
+    build configured by `pip install` must stay buildable after pip deletes that folder."""
+    found = [shutil.which(name, path=d) for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    found = [f for f in found if f]
+    stable = [f for f in found if "pip-build-env" not in f]
+    return (stable or found or [None])[0]
 
 
 def configure(tools, tree: Path, build: Path, out: Path, flags: dict[str, str], log_file) -> None:
@@ -65,9 +74,8 @@ _STEP = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
 
 
 def build(tools, build: Path, jobs: int, log_file, *, targets=()) -> None:
-    cmd = [tools["cmake"], "--build", str(build / "cmake"), "-j", str(jobs)]
-    for t in targets:
-        cmd += ["--target", t]
+    # ninja directly (not `cmake --build`, which would use the ninja cached at configure time)
+    cmd = [tools["ninja"], "-C", str(build / "cmake"), "-j", str(jobs), *targets]
     _run(cmd, log_file, "build", progress=True)
 
 
