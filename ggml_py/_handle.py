@@ -75,3 +75,20 @@ class Owned:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Borrowed:
+    """A handle that belongs to ggml (registry, device, buffer type): never freed here;
+    equal when the handles are."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __eq__(self, other):
+        return type(other) is type(self) and self.ptr == other.ptr
+
+    def __hash__(self):
+        from ._loader import ffi
+        return hash(int(ffi.cast("uintptr_t", self.ptr)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._handle import Owned
+from ._handle import Borrowed, Owned
 from ._loader import cstr, ffi, lib
 from .errors import GGMLError, InvalidArgument, UnsupportedError, require
 from .registry import free_guard
@@ -22,13 +22,10 @@ class OutOfMemory(GGMLError, MemoryError):
     """The device could not allocate a buffer."""
 
 
-class BufferType:
+class BufferType(Borrowed):
     """How and where a device allocates memory. Borrowed from ggml."""
 
-    __slots__ = ("ptr",)
-
-    def __init__(self, ptr):
-        self.ptr = ptr
+    __slots__ = ()
 
     @property
     def name(self) -> str:
@@ -68,12 +65,6 @@ class BufferType:
         if raw == ffi.NULL:
             raise OutOfMemory(f"{self.name} could not allocate {nbytes} bytes")
         return Buffer(raw)
-
-    def __eq__(self, other):
-        return isinstance(other, BufferType) and self.ptr == other.ptr
-
-    def __hash__(self):
-        return hash(int(ffi.cast("uintptr_t", self.ptr)))
 
     def __repr__(self):
         return f"<BufferType {self.name} align={self.alignment} host={self.is_host}>"

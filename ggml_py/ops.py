@@ -7,6 +7,8 @@ Results live in the first operand's context.
 """
 from __future__ import annotations
 
+import builtins
+
 import numpy as np
 
 from . import types as T
@@ -202,14 +204,11 @@ def view(a, shape, offset: int = 0, strides=None):
         nb = [ts] + [int(s) for s in reversed(tuple(strides)[:-1])]
         require(int(tuple(strides)[-1]) == ts, "the last stride must be the element size")
         nb += [nb[-1] * ne[len(nb) - 1]] * (4 - len(nb))
-    last = offset + _builtin_sum((n - 1) * s for n, s in zip(ne, nb)) + ts
+    last = offset + builtins.sum((n - 1) * s for n, s in zip(ne, nb)) + ts
     require(offset >= 0 and last <= a.nbytes,
             f"view of {shape} at offset {offset} runs past the tensor's {a.nbytes} bytes")
     p = lib.ggml_view_4d(_ctx(a), a.ptr, ne[0], ne[1], ne[2], ne[3], nb[1], nb[2], nb[3], int(offset))
     return _out(p, a, len(shape))
-
-
-_builtin_sum = __builtins__["sum"] if isinstance(__builtins__, dict) else __builtins__.sum
 
 
 def permute(a, axes):

@@ -14,6 +14,7 @@ import os
 from typing import NamedTuple
 
 from ._loader import BUILD, BUILD_DIR, cstr, ffi, lib
+from ._handle import Borrowed
 from .errors import InvalidArgument, NotFound, UnsupportedError, require
 
 _TYPES = {}
@@ -42,13 +43,10 @@ class Caps(NamedTuple):
     events: bool
 
 
-class Registry:
+class Registry(Borrowed):
     """A backend registry (CPU, RPC, CUDA, Metal, Vulkan...). Borrowed from ggml."""
 
-    __slots__ = ("ptr",)
-
-    def __init__(self, ptr):
-        self.ptr = ptr
+    __slots__ = ()
 
     @property
     def name(self) -> str:
@@ -80,24 +78,15 @@ class Registry:
             i += 1
         return out
 
-    def __eq__(self, other):
-        return isinstance(other, Registry) and self.ptr == other.ptr
-
-    def __hash__(self):
-        return hash(int(ffi.cast("uintptr_t", self.ptr)))
-
     def __repr__(self):
         return f"<Registry {self.name} devices={len(self.devices)}>"
 
 
-class Device:
+class Device(Borrowed):
     """A device (``ggml_backend_dev_t``). Borrowed from ggml; one object per device."""
 
     _cache: dict[int, "Device"] = {}
-    __slots__ = ("ptr", "__weakref__")
-
-    def __init__(self, ptr):
-        self.ptr = ptr
+    __slots__ = ("__weakref__",)
 
     @classmethod
     def _of(cls, ptr) -> "Device":
@@ -211,12 +200,6 @@ class Device:
         """A buffer over `array`'s own memory (zero copy); keeps `array` alive."""
         from .buffer import Buffer
         return Buffer._from_host(self, array)
-
-    def __eq__(self, other):
-        return isinstance(other, Device) and self.ptr == other.ptr
-
-    def __hash__(self):
-        return hash(int(ffi.cast("uintptr_t", self.ptr)))
 
     def __repr__(self):
         return f"<Device {self.name} ({self.type}) {self.description!r}>"
