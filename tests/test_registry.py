@@ -31,7 +31,7 @@ def test_cpu_caps(cpu):
     c = cpu.caps
     assert c.events is False and c.async_ is False and c.buffer_from_host_ptr is True
     assert cpu.type == "cpu" and cpu.host_buffer_type is None
-    assert "AVX2" in cpu.registry.features or cpu.registry.features  # x86 build reports features
+    assert cpu.registry.features  # the CPU backend reports its build features
 
 
 def test_rpc_devices_have_events_and_async(rpc_devs):
