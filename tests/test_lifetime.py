@@ -4,7 +4,6 @@ import gc
 import weakref
 
 import numpy as np
-import psutil
 import pytest
 
 import ggml_py as gg
@@ -90,22 +89,40 @@ def test_zero_copy_view_keeps_memory_alive(cpu):
         assert view.sum() == 2000.0
 
 
+CYCLES = """
+import gc, json, psutil, ggml_py as gg
+srv = gg.rpc.serve(); gg.rpc.connect(srv.endpoint)
+cpu, rpc = gg.device("CPU"), gg.device("RPC0")
+proc = psutil.Process()
+
+def growth(make, n=100_000):
+    for _ in range(2000):        # warm up allocator pools
+        make().close()
+    gc.collect()
+    before = proc.memory_info().rss
+    for _ in range(n):
+        make().close()
+    gc.collect()
+    return proc.memory_info().rss - before
+
+out = {what: growth(make) for what, make in (
+    ("buffer", lambda: cpu.buffer_type.alloc(256)),
+    ("backend", cpu.backend),
+    ("event", rpc.event))}            # RPC events: a round trip each way
+srv.close()
+print(json.dumps(out))
+"""
+
+
 @pytest.mark.slow
-def test_create_close_cycles_do_not_grow_rss(cpu, rpc_devs):
-    proc = psutil.Process()
-
-    def growth(make, n=100_000):
-        for _ in range(2000):        # warm up allocator pools
-            make().close()
-        gc.collect()
-        before = proc.memory_info().rss
-        for _ in range(n):
-            make().close()
-        gc.collect()
-        return proc.memory_info().rss - before
-
-    for what, make in (("buffer", lambda: cpu.buffer_type.alloc(256)),
-                       ("backend", cpu.backend),
-                       ("event", rpc_devs[0].event)):   # RPC events: a round trip each way
-        grown = growth(make)
-        assert grown < 5 * 2**20, f"{what}: RSS grew by {grown / 2**20:.1f} MiB"
+def test_create_close_cycles_do_not_grow_rss():
+    # In a fresh process: RSS inside the long test session also moves with whatever earlier
+    # tests left in the allocator (OpenMP worker threads among them).
+    import json
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", CYCLES], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    grown = json.loads(r.stdout.strip().splitlines()[-1])
+    for what, n in grown.items():
+        assert n < 5 * 2**20, f"{what}: RSS grew by {n / 2**20:.1f} MiB over 100,000 cycles"
