@@ -106,14 +106,24 @@ def _walk(graph: Graph):
                 yield s, False
 
 
+def init_views(graph: Graph) -> None:
+    """Give views made after their source was allocated the source's buffer (ggml sets their
+    address but not their buffer; the allocator skips tensors that have an address)."""
+    for t, is_node in _walk(graph):
+        src = t.view_src
+        if is_node and t.buffer == ffi.NULL and src != ffi.NULL and src.buffer != ffi.NULL \
+                and src.data != ffi.NULL:
+            check(lib.ggml_backend_view_init(t), "view init")
+
+
 def prepare(backend, graph: Graph) -> None:
     """Validate `graph` for `backend` and allocate nodes that have no memory yet."""
     graph._meta.ptr
     be = backend.ptr
+    init_views(graph)
     need_alloc = False
     for t, is_node in _walk(graph):
         name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
-        has_data = t.data != ffi.NULL or t.view_src != ffi.NULL
         if not is_node and t.data == ffi.NULL:
             raise InvalidArgument(f"input tensor {name!r} has no memory: allocate its context "
                                   "(ctx.alloc(backend)) and set its values before computing")
@@ -125,7 +135,7 @@ def prepare(backend, graph: Graph) -> None:
                     f"which backend {backend.name} cannot use; copy it to that device or "
                     "use a Scheduler")
         if is_node:
-            if not has_data:
+            if t.data == ffi.NULL:        # views get their address from the allocator too
                 need_alloc = True
             if int(t.op) != int(lib.GGML_OP_NONE) and not lib.ggml_backend_supports_op(be, t):
                 raise UnsupportedError(f"backend {backend.name} does not support op "

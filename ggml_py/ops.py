@@ -13,7 +13,7 @@ import numpy as np
 
 from . import types as T
 from ._loader import ffi, lib
-from .errors import InvalidArgument, InvalidType, require
+from .errors import InvalidArgument, InvalidType, UnsupportedError, require
 from .tensor import MAX_DIMS, Tensor
 
 FLOAT = ("f32", "f16", "bf16")
@@ -32,7 +32,9 @@ def _float(*ts) -> None:
 
 
 def _out(p, like: Tensor, ndim: int | None = None) -> Tensor:
-    return Tensor(p, like.ctx, ndim=ndim)
+    """The result `p` as a Tensor of `like`'s context, with `ndim` numpy axes (default:
+    like's, so leading axes of length 1 survive ops that keep the shape)."""
+    return Tensor(p, like.ctx, ndim=like.ndim if ndim is None else ndim)
 
 
 def _ctx(t: Tensor, n: int = 4):
@@ -256,7 +258,8 @@ def repeat(a, shape):
 def concat(a, b, axis: int = 0):
     """numpy's ``np.concatenate([a, b], axis)``."""
     a, b = _t(a), _t(b)
-    n = max(a.ndim, b.ndim)
+    require(a.ndim == b.ndim, f"concat: {a.ndim}-D and {b.ndim}-D tensors ({a.shape}, {b.shape})")
+    n = a.ndim
     axis = axis + n if axis < 0 else axis
     require(0 <= axis < n, f"concat: axis {axis} out of range for {n} axes")
     dim = n - 1 - axis
@@ -307,6 +310,237 @@ def rms_norm(a, eps: float = 1e-6):
     return _out(lib.ggml_rms_norm(_ctx(a), a.ptr, float(eps)), a)
 
 
+def group_norm(a, n_groups: int, eps: float = 1e-6):
+    """Normalise each group of channels: `a` is (N, C, H, W) in numpy order (ggml ne
+    [W, H, C, N]); the C channels split into `n_groups` groups of C / n_groups."""
+    a = _t(a)
+    _float(a)
+    n_groups = int(n_groups)
+    require(1 <= n_groups <= a.ne[2] and a.ne[2] % n_groups == 0,
+            f"group_norm: {a.ne[2]} channels do not split into {n_groups} groups")
+    return _out(lib.ggml_group_norm(_ctx(a), a.ptr, n_groups, float(eps)), a)
+
+
+ROPE_NORMAL, ROPE_NEOX = int(lib.GGML_ROPE_TYPE_NORMAL), int(lib.GGML_ROPE_TYPE_NEOX)
+
+
+def rope_ext(a, pos, n_dims: int | None = None, mode: int = ROPE_NORMAL, *, freq_factors=None,
+             n_ctx_orig: int = 0, freq_base: float = 10000.0, freq_scale: float = 1.0,
+             ext_factor: float = 0.0, attn_factor: float = 1.0, beta_fast: float = 32.0,
+             beta_slow: float = 1.0):
+    """Rotary position embedding (ggml_rope_ext). `a` is (batch, tokens, heads, head_dim) in
+    numpy order; `pos` holds one i32 position per token. The first `n_dims` (default: all) of
+    head_dim rotate: adjacent pairs (``gg.ROPE_NORMAL``) or halves (``gg.ROPE_NEOX``)."""
+    a, pos = _t(a), _t(pos, "positions")
+    _float(a)
+    n_dims = a.ne[0] if n_dims is None else int(n_dims)
+    require(mode in (ROPE_NORMAL, ROPE_NEOX), "rope_ext: mode must be gg.ROPE_NORMAL or "
+                                              "gg.ROPE_NEOX (multi-section modes are not wrapped)")
+    require(0 < n_dims <= a.ne[0] and n_dims % 2 == 0,
+            f"rope_ext: n_dims={n_dims} must be even and at most head_dim={a.ne[0]}")
+    require(pos.type.name == "i32", f"rope_ext: positions must be i32, got {pos.type.name}",
+            InvalidType)
+    require(pos.ne[1:] == (1, 1, 1) and pos.ne[0] == a.ne[2],
+            f"rope_ext: need one position per token ({a.ne[2]}), got shape {pos.shape}")
+    c = ffi.NULL
+    if freq_factors is not None:
+        freq_factors = _t(freq_factors, "freq_factors")
+        require(freq_factors.type.name == "f32" and freq_factors.ne[0] >= n_dims // 2,
+                f"rope_ext: freq_factors must be f32 with at least {n_dims // 2} values", InvalidType)
+        c = freq_factors.ptr
+    p = lib.ggml_rope_ext(_ctx(a), a.ptr, pos.ptr, c, n_dims, int(mode), int(n_ctx_orig),
+                          float(freq_base), float(freq_scale), float(ext_factor),
+                          float(attn_factor), float(beta_fast), float(beta_slow))
+    return _out(p, a)
+
+
+def flash_attn_ext(q, k, v, mask=None, scale: float = 1.0, max_bias: float = 0.0,
+                   logit_softcap: float = 0.0):
+    """Fused attention softmax(scale * q k^T + mask) v. numpy order: q (B, H, Nq, D),
+    k (B, Hkv, Nkv, D), v (B, Hkv, Nkv, Dv), mask f16 (Nq', Nkv) with Nq' >= Nq; H a multiple
+    of Hkv. The result is (B, Nq, H, Dv), f32 (ggml's permuted layout)."""
+    q, k, v = _t(q, "q"), _t(k, "k"), _t(v, "v")
+    _float(q, k, v)
+    require(k.ne[0] == q.ne[0], f"flash_attn_ext: q and k head sizes differ ({q.ne[0]}, {k.ne[0]})")
+    require(q.ne[2] % k.ne[2] == 0 and q.ne[3] % k.ne[3] == 0,
+            f"flash_attn_ext: q's heads/batch {q.ne[2:]} are not multiples of k's {k.ne[2:]}")
+    require(q.ne[3] == k.ne[3] == v.ne[3], "flash_attn_ext: q, k and v batch sizes differ")
+    require(v.ne[1] == k.ne[1] and v.ne[2] == k.ne[2],
+            f"flash_attn_ext: v {v.shape} does not match k {k.shape} in keys and heads")
+    m = ffi.NULL
+    if mask is not None:
+        mask = _t(mask, "mask")
+        require(mask.type.name == "f16", f"flash_attn_ext: mask must be f16, got {mask.type.name}",
+                InvalidType)
+        require(mask.is_contiguous, "flash_attn_ext: mask must be contiguous")
+        require(mask.ne[0] == k.ne[1] and mask.ne[1] >= q.ne[1],
+                f"flash_attn_ext: mask {mask.shape} does not cover ({q.ne[1]}, {k.ne[1]})")
+        require(q.ne[2] % mask.ne[2] == 0 and q.ne[3] % mask.ne[3] == 0,
+                "flash_attn_ext: mask batch dims must divide q's")
+        m = mask.ptr
+    require(max_bias <= 0.0 or mask is not None, "flash_attn_ext: max_bias needs a mask")
+    p = lib.ggml_flash_attn_ext(_ctx(q), q.ptr, k.ptr, v.ptr, m, float(scale), float(max_bias),
+                                float(logit_softcap))
+    return _out(p, q, 4)
+
+
+# -- indexing and sorting --------------------------------------------------------------------
+def set_rows(dst, src, idx):
+    """``dst[idx] = src`` row-wise (ggml_set_rows): returns `dst` as updated by the graph.
+    dst (..., R, n), src (..., r, n) f32/f16, idx (r,) i32 or i64 with 0 <= idx < R."""
+    dst, src, idx = _t(dst, "dst"), _t(src, "src"), _t(idx, "indices")
+    require(src.type.name in ("f32", "f16"), f"set_rows: src must be f32 or f16, got {src.type.name}",
+            InvalidType)
+    require(idx.type.name in ("i32", "i64"), f"set_rows: indices must be i32 or i64, got "
+                                             f"{idx.type.name}", InvalidType)
+    require(dst.ne[0] == src.ne[0] and dst.ne[2:] == src.ne[2:],
+            f"set_rows: rows of {src.shape} do not fit {dst.shape}")
+    require(src.ne[1] == idx.ne[0] and src.ne[2] % idx.ne[1] == 0 and src.ne[3] % idx.ne[2] == 0
+            and idx.ne[3] == 1, f"set_rows: {idx.shape} indices for {src.ne[1]} rows")
+    for t, what in ((dst, "dst"), (src, "src")):
+        require(bool(lib.ggml_is_contiguous_rows(t.ptr)), f"set_rows: {what} rows must be contiguous")
+    return _out(lib.ggml_set_rows(_ctx(dst), dst.ptr, src.ptr, idx.ptr), dst)
+
+
+def argsort(a, descending: bool = False):
+    """Indices (i32) that sort each row of f32 `a`."""
+    a = _t(a)
+    require(a.type.name == "f32", f"argsort takes f32, got {a.type.name}", InvalidType)
+    order = lib.GGML_SORT_ORDER_DESC if descending else lib.GGML_SORT_ORDER_ASC
+    return _out(lib.ggml_argsort(_ctx(a), a.ptr, order), a)
+
+
+def top_k(a, k: int):
+    """Indices (i32) of the `k` largest values of each row, in no particular order."""
+    a = _t(a)
+    require(a.type.name == "f32", f"top_k takes f32, got {a.type.name}", InvalidType)
+    k = int(k)
+    require(1 <= k <= a.ne[0], f"top_k: k={k} must be in 1..{a.ne[0]}")
+    fn = getattr(lib, "ggml_top_k", None)
+    require(fn is not None, "top_k is not in this ggml release", UnsupportedError)
+    return _out(fn(_ctx(a), a.ptr, k), a)
+
+
+def cumsum(a):
+    """Running sum along each row (the last numpy axis), f32."""
+    a = _t(a)
+    require(a.type.name == "f32", f"cumsum takes f32, got {a.type.name}", InvalidType)
+    fn = getattr(lib, "ggml_cumsum", None)
+    require(fn is not None, "cumsum is not in this ggml release", UnsupportedError)
+    return _out(fn(_ctx(a), a.ptr), a)
+
+
+def pad(a, widths):
+    """Zero padding, numpy's ``np.pad(a, widths)``: one (before, after) pair per axis, or one
+    int per axis meaning (0, int)."""
+    a = _t(a)
+    require(a.type.name == "f32", f"pad takes f32, got {a.type.name}", InvalidType)
+    widths = list(widths)
+    require(len(widths) == a.ndim, f"pad: {len(widths)} widths for {a.ndim} axes")
+    pairs = [(0, int(w)) if isinstance(w, (int, np.integer)) else tuple(int(x) for x in w)
+             for w in widths]
+    require(all(len(p) == 2 and p[0] >= 0 and p[1] >= 0 for p in pairs),
+            f"pad: widths {widths} must be non-negative (before, after) pairs")
+    g = list(reversed(pairs)) + [(0, 0)] * (4 - len(pairs))   # ggml dim order
+    if any(lo for lo, _ in g):
+        fn = getattr(lib, "ggml_pad_ext", None)
+        require(fn is not None, "pad before an axis needs ggml_pad_ext, not in this release",
+                UnsupportedError)
+        p = fn(_ctx(a), a.ptr, *(x for pair in g for x in pair))
+    else:
+        p = lib.ggml_pad(_ctx(a), a.ptr, *(hi for _, hi in g))
+    return _out(p, a)
+
+
+# -- convolution and pooling -------------------------------------------------------------------
+def _conv_size(n, k, s, p, d) -> int:
+    return (n + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _pair(x, what):
+    x = (x, x) if isinstance(x, (int, np.integer)) else tuple(x)
+    require(len(x) == 2 and all(isinstance(v, (int, np.integer)) for v in x),
+            f"{what} must be an int or a pair of ints")
+    return int(x[0]), int(x[1])
+
+
+def _im2col_args(a, b, stride, padding, dilation, is_2d):
+    """Validated (s0, s1, p0, p1, d0, d1) in ggml's order, by ggml_im2col's rules."""
+    (s1, s0), (p1, p0), (d1, d0) = (_pair(stride, "stride"), _pair(padding, "padding"),
+                                    _pair(dilation, "dilation"))
+    require(s0 > 0 and s1 > 0 and d0 > 0 and d1 > 0 and p0 >= 0 and p1 >= 0,
+            "strides and dilations must be positive, paddings non-negative")
+    if is_2d:
+        require(a.ne[2] == b.ne[2], f"kernel {a.shape} has {a.ne[2]} input channels, "
+                                    f"data {b.shape} has {b.ne[2]}")
+        oh = _conv_size(b.ne[1], a.ne[1], s1, p1, d1)
+    else:
+        require(a.ne[1] == b.ne[1] and b.ne[3] == 1,
+                f"kernel {a.shape} and data {b.shape} differ in input channels")
+        oh = 1
+    ow = _conv_size(b.ne[0], a.ne[0], s0, p0, d0)
+    require(ow > 0 and oh > 0, f"data {b.shape} is smaller than the kernel {a.shape}")
+    return s0, s1, p0, p1, d0, d1
+
+
+def im2col(kernel, data, stride=1, padding=0, dilation=1, is_2d: bool = True, dtype="f32"):
+    """ggml_im2col: unfold `data` into the columns a convolution with `kernel` multiplies.
+    2-D: kernel (OC, IC, KH, KW), data (N, IC, H, W). 1-D: kernel (OC, IC, K), data (N, IC, L).
+    stride/padding/dilation are (height, width) pairs or ints; the 1-D form uses width."""
+    a, b = _t(kernel, "kernel"), _t(data, "data")
+    args = _im2col_args(a, b, stride, padding, dilation, is_2d)
+    out_t = T.of(dtype)
+    require(out_t.name in ("f32", "f16"), "im2col: dtype must be f32 or f16", InvalidType)
+    p = lib.ggml_im2col(_ctx(b), a.ptr, b.ptr, *args, bool(is_2d), out_t)
+    return _out(p, b, 4 if is_2d else 3)
+
+
+def conv_1d(kernel, data, stride: int = 1, padding: int = 0, dilation: int = 1):
+    """1-D convolution (cross-correlation, like torch): kernel (OC, IC, K), data (N, IC, L)
+    -> (N, OC, L')."""
+    a, b = _t(kernel, "kernel"), _t(data, "data")
+    _float(a, b)
+    require(a.is_contiguous, "conv_1d: the kernel must be contiguous")
+    s0, _, p0, _, d0, _ = _im2col_args(a, b, (1, stride), (0, padding), (1, dilation), False)
+    raw = _ctx(b, 12)
+    p = lib.ggml_conv_1d(raw, a.ptr, b.ptr, s0, p0, d0)
+    n, oc, ol = b.ne[2], a.ne[2], p.ne[0]
+    if n > 1:
+        # ggml_conv_1d (0.25.3) labels its [OL, N, OC] product as [OL, OC, N] without moving
+        # the data, which scrambles batches; put the axes where the label says they are
+        p = lib.ggml_cont(raw, lib.ggml_permute(raw, lib.ggml_reshape_3d(raw, p, ol, n, oc),
+                                                0, 2, 1, 3))
+    return _out(p, b, 3)
+
+
+def conv_2d(kernel, data, stride=1, padding=0, dilation=1):
+    """2-D convolution (cross-correlation, like torch's NCHW): kernel (OC, IC, KH, KW),
+    data (N, IC, H, W) -> (N, OC, H', W'). stride/padding/dilation: int or (h, w)."""
+    a, b = _t(kernel, "kernel"), _t(data, "data")
+    _float(a, b)
+    require(a.is_contiguous, "conv_2d: the kernel must be contiguous")
+    args = _im2col_args(a, b, stride, padding, dilation, True)
+    return _out(lib.ggml_conv_2d(_ctx(b, 12), a.ptr, b.ptr, *args), b, 4)
+
+
+def pool_2d(a, kernel, stride=None, padding=0, op: str = "max"):
+    """2-D max or average pooling over the last two numpy axes of f32 `a` (N, C, H, W).
+    kernel/stride/padding: int or (h, w); stride defaults to the kernel."""
+    a = _t(a)
+    require(a.type.name == "f32", f"pool_2d takes f32, got {a.type.name}", InvalidType)
+    ops = {"max": lib.GGML_OP_POOL_MAX, "avg": lib.GGML_OP_POOL_AVG}
+    require(op in ops, f"pool_2d: op must be 'max' or 'avg', not {op!r}")
+    k1, k0 = _pair(kernel, "kernel")
+    s1, s0 = _pair(kernel if stride is None else stride, "stride")
+    p1, p0 = _pair(padding, "padding")
+    require(min(k0, k1, s0, s1) > 0 and min(p0, p1) >= 0 and p0 < k0 and p1 < k1,
+            "pool_2d: kernel and stride must be positive, padding in 0..kernel-1")
+    oh, ow = (a.ne[1] + 2 * p1 - k1) // s1 + 1, (a.ne[0] + 2 * p0 - k0) // s0 + 1
+    require(oh > 0 and ow > 0, f"pool_2d: {a.shape} is smaller than the kernel ({k1}, {k0})")
+    return _out(lib.ggml_pool_2d(_ctx(a), a.ptr, ops[op], k0, k1, s0, s1, float(p0), float(p1)),
+                a, max(a.ndim, 2))
+
+
 # -- numpy semantics for Tensor operators ---------------------------------------------------------
 def _broadcast(a, b, name):
     """(a', b') with numpy broadcasting made explicit where ggml's repeat rule needs it."""
@@ -345,3 +579,12 @@ Tensor.reshape = lambda self, *shape: reshape(self, shape[0] if len(shape) == 1 
 Tensor.permute = lambda self, axes: permute(self, axes)
 Tensor.T = property(lambda self: permute(self, tuple(reversed(range(self.ndim)))))
 Tensor.view = lambda self, shape, offset=0, strides=None: view(self, shape, offset, strides)
+
+__all__ = [
+    "add", "sub", "mul", "div", "scale", *[n for n in _UNARY if n in globals()],
+    "sum", "sum_rows", "mean", "argmax", "cumsum", "mul_mat", "out_prod", "matmul",
+    "reshape", "view", "permute", "transpose", "cont", "cpy", "repeat", "concat", "pad",
+    "get_rows", "set_rows", "argsort", "top_k", "soft_max", "norm", "rms_norm", "group_norm",
+    "rope_ext", "ROPE_NORMAL", "ROPE_NEOX", "flash_attn_ext", "im2col", "conv_1d", "conv_2d",
+    "pool_2d",
+]

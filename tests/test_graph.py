@@ -23,6 +23,75 @@ X = np.random.default_rng(7).standard_normal((3, 4, 16)).astype(np.float32)
 Y = np.random.default_rng(8).standard_normal((3, 4, 16)).astype(np.float32)
 ROW = np.random.default_rng(9).standard_normal((16,)).astype(np.float32)
 POS = np.abs(X) + 0.5
+_r = np.random.default_rng(10)
+IMG = _r.standard_normal((2, 3, 9, 8)).astype(np.float32)          # N, C, H, W
+KER = _r.standard_normal((4, 3, 3, 2)).astype(np.float32)          # OC, IC, KH, KW
+SIG = _r.standard_normal((2, 3, 12)).astype(np.float32)            # N, C, L
+KER1 = _r.standard_normal((4, 3, 3)).astype(np.float32)            # OC, IC, K
+HEADS = _r.standard_normal((1, 6, 2, 8)).astype(np.float32)        # batch, tokens, heads, dim
+POSITIONS = (np.arange(6) + 3).astype(np.int32)
+Q = _r.standard_normal((1, 4, 5, 16)).astype(np.float32)           # B, H, Nq, D
+K = _r.standard_normal((1, 2, 7, 16)).astype(np.float16)           # B, Hkv, Nkv, D
+V = _r.standard_normal((1, 2, 7, 16)).astype(np.float16)
+KQ_MASK = np.where(np.arange(7) < 5, 0, -np.inf).astype(np.float16)[None].repeat(5, 0)
+TABLE = _r.standard_normal((6, 16)).astype(np.float32)
+NEW_ROWS = _r.standard_normal((2, 16)).astype(np.float32)
+ROW_IDX = np.array([4, 1], np.int64)
+WIDE = X * 3
+
+
+def _gelu(x):
+    # ggml's CPU gelu reads a half-precision table: gelu(f16(x)) rounded to f16
+    h = x.astype(np.float16).astype(np.float32)
+    y = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
+    return np.where(np.abs(x) < 10, y.astype(np.float16).astype(np.float32), y)
+
+
+def _group_norm(x, groups, eps=1e-6):
+    g = x.reshape(x.shape[0], groups, -1)
+    return ((g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + eps)).reshape(x.shape)
+
+
+def _rope(x, pos, n_dims, neox, base=10000.0):
+    out, d = x.copy(), n_dims
+    theta = pos[:, None] * base ** (-np.arange(0, d, 2) / d)          # (tokens, d/2)
+    c, s = np.cos(theta)[None, :, None], np.sin(theta)[None, :, None]
+    x0, x1 = (x[..., :d // 2], x[..., d // 2:d]) if neox else (x[..., 0:d:2], x[..., 1:d:2])
+    y0, y1 = x0 * c - x1 * s, x0 * s + x1 * c
+    if neox:
+        out[..., :d // 2], out[..., d // 2:d] = y0, y1
+    else:
+        out[..., 0:d:2], out[..., 1:d:2] = y0, y1
+    return out
+
+
+def _conv2d(x, w, s, p, d):
+    """Direct cross-correlation in float64 (torch's conv2d semantics), NCHW."""
+    n, _, h, wd = x.shape
+    oc, _, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])])
+    oh = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
+    ow = (wd + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1
+    out = np.zeros((n, oc, oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i * d[0]:i * d[0] + s[0] * (oh - 1) + 1:s[0],
+                       j * d[1]:j * d[1] + s[1] * (ow - 1) + 1:s[1]]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
+    return out
+
+
+def _attention(q, k, v, mask, scale):
+    rep = q.shape[1] // k.shape[1]
+    kk, vv = (np.repeat(t.astype(np.float64), rep, 1) for t in (k, v))
+    s = q @ kk.transpose(0, 1, 3, 2) * scale + mask.astype(np.float64)
+    return (_sm(s) @ vv).transpose(0, 2, 1, 3)                        # (B, Nq, H, Dv)
+
+
+def _set_rows(table, rows, idx):
+    out = table.copy()
+    out[idx] = rows
+    return out
 
 # name: (inputs, build(gg tensors) -> tensor, numpy reference, threshold)
 OPS = {
@@ -58,6 +127,33 @@ OPS = {
     "soft_max scaled": ((X,), lambda a: gg.soft_max(a, scale=0.5), _sm(X * 0.5), T_SOFTMAX),
     "norm": ((X,), gg.norm, _norm(X), T_DEFAULT),
     "rms_norm": ((X,), gg.rms_norm, X / np.sqrt((X * X).mean(-1, keepdims=True) + 1e-6), T_DEFAULT),
+    "gelu": ((WIDE,), gg.gelu, _gelu(WIDE), T_DEFAULT),
+    "argmax": ((X[0],), gg.argmax, X[0].argmax(-1), 0),
+    "out_prod": ((X[0], Y[0]), gg.out_prod, Y[0].T @ X[0], T_MATMUL),
+    "group_norm": ((IMG,), lambda a: gg.group_norm(a, 3), _group_norm(IMG, 3), T_DEFAULT),
+    "rope_ext normal": ((HEADS, POSITIONS), lambda a, p: gg.rope_ext(a, p),
+                        _rope(HEADS, POSITIONS, 8, False), T_DEFAULT),
+    "rope_ext neox partial": ((HEADS, POSITIONS), lambda a, p: gg.rope_ext(a, p, 4, gg.ROPE_NEOX),
+                              _rope(HEADS, POSITIONS, 4, True), T_DEFAULT),
+    "get_rows": ((TABLE, ROW_IDX.astype(np.int32)), gg.get_rows, TABLE[ROW_IDX], 0),
+    "set_rows": ((TABLE, NEW_ROWS, ROW_IDX), gg.set_rows, _set_rows(TABLE, NEW_ROWS, ROW_IDX), 0),
+    "pad": ((X,), lambda a: gg.pad(a, [2, (0, 1), 3]), np.pad(X, [(0, 2), (0, 1), (0, 3)]), 0),
+    "pad both sides": ((X[0],), lambda a: gg.pad(a, [(1, 2), (3, 0)]), np.pad(X[0], [(1, 2), (3, 0)]), 0),
+    "im2col": ((KER, IMG), lambda k, x: gg.im2col(k, x).view((18,)), IMG[0, :, 0:3, 0:2].reshape(-1), 0),
+    "conv_1d": ((KER1, SIG), lambda k, x: gg.conv_1d(k, x, 2, 1, 1),
+                _conv2d(SIG[:, :, None], KER1[:, :, None], (1, 2), (0, 1), (1, 1))[:, :, 0], T_MATMUL),
+    "conv_2d": ((KER, IMG), lambda k, x: gg.conv_2d(k, x, (2, 1), (1, 0), (1, 2)),
+                _conv2d(IMG, KER, (2, 1), (1, 0), (1, 2)), T_MATMUL),
+    "pool_2d max": ((IMG[:, :, :8],), lambda a: gg.pool_2d(a, 2),
+                    IMG[:, :, :8].reshape(2, 3, 4, 2, 4, 2).max((3, 5)), 0),
+    "pool_2d avg": ((IMG[:, :, :8],), lambda a: gg.pool_2d(a, 2, op="avg"),
+                    IMG[:, :, :8].reshape(2, 3, 4, 2, 4, 2).mean((3, 5)), T_DEFAULT),
+    "flash_attn_ext": ((Q, K, V, KQ_MASK), lambda q, k, v, m: gg.flash_attn_ext(q, k, v, m, 0.25),
+                       _attention(Q, K, V, KQ_MASK, 0.25), T_MATMUL),
+    "argsort": ((X,), gg.argsort, np.argsort(X, -1), 0),
+    "argsort descending": ((X,), lambda a: gg.argsort(a, descending=True), np.argsort(-X, -1), 0),
+    "top_k": ((X,), lambda a: gg.top_k(a, 3), np.sort(X, -1)[..., -3:], 0),   # values, see below
+    "cumsum": ((X,), gg.cumsum, np.cumsum(X, -1), T_DEFAULT),
 }
 
 
@@ -72,20 +168,13 @@ def test_op_matches_numpy(dev, op):
         out = build(*ts)
         be.compute(gg.Graph(out))
         got = out.numpy(copy=True)
+    if op == "top_k":       # indices in no particular order: compare the values they pick
+        got = np.sort(np.take_along_axis(X, got, -1), -1)
     assert got.shape == ref.shape
-    assert nmse(got, ref) < threshold
-
-
-def test_get_rows(dev):
-    table = np.arange(40, dtype=np.float32).reshape(10, 4)
-    idx = np.array([3, 0, 9], np.int32)
-    with dev.backend() as be, gg.Context() as ctx:
-        a, i = ctx.from_numpy(table), ctx.from_numpy(idx)
-        ctx.alloc(be)
-        a.set(table); i.set(idx)
-        out = gg.get_rows(a, i)
-        be.compute(gg.Graph(out))
-        assert np.array_equal(out.numpy(copy=True), table[idx])
+    if threshold == 0:
+        assert np.array_equal(got, ref)
+    else:
+        assert nmse(got, ref) < threshold
 
 
 def test_quantized_roundtrip(cpu):
@@ -199,6 +288,35 @@ BAD = {
     "compute unallocated": lambda c: c["be"].compute(gg.Graph(c["u"] + c["u"])),
     "compute on wrong device": lambda c: c["rb"].compute(gg.Graph(c["a"] + c["a"])),
     "scheduler without cpu last": lambda c: gg.Scheduler([c["be"], c["rb"]]),
+    "matmul batch shapes": lambda c: c["img"] @ c["heads"],
+    "mul_mat int operand": lambda c: gg.mul_mat(c["a"], c["i"]),
+    "cpy element count": lambda c: gg.cpy(c["a"], c["c"]),
+    "view negative offset": lambda c: c["a"].view((4,), offset=-4),
+    "argmax of 4-D": lambda c: gg.argmax(c["img"]),
+    "get_rows index shape": lambda c: gg.get_rows(c["img"], c["pos"]),
+    "group_norm groups": lambda c: gg.group_norm(c["img"], 3),
+    "rope one position short": lambda c: gg.rope_ext(c["heads"], c["idx"]),
+    "rope odd n_dims": lambda c: gg.rope_ext(c["heads"], c["pos"], 3),
+    "rope float positions": lambda c: gg.rope_ext(c["heads"], c["a"]),
+    "rope unknown mode": lambda c: gg.rope_ext(c["heads"], c["pos"], mode=1),
+    "set_rows float indices": lambda c: gg.set_rows(c["sq"], c["sq"], c["sq"]),
+    "set_rows row width": lambda c: gg.set_rows(c["sq"], c["a"], c["idx"]),
+    "argsort of int": lambda c: gg.argsort(c["i"]),
+    "top_k more than a row": lambda c: gg.top_k(c["a"], 9),
+    "cumsum of f16": lambda c: gg.cumsum(c["h"]),
+    "pad negative": lambda c: gg.pad(c["a"], [-1, 0]),
+    "pad axis count": lambda c: gg.pad(c["a"], [1]),
+    "conv_2d channels": lambda c: gg.conv_2d(c["ker3"], c["img"]),
+    "conv_2d kernel too big": lambda c: gg.conv_2d(c["bigker"], c["img"]),
+    "conv_2d zero stride": lambda c: gg.conv_2d(c["ker4"], c["img"], stride=0),
+    "conv_1d channels": lambda c: gg.conv_1d(c["ker1"], c["sig"]),
+    "pool_2d kernel too big": lambda c: gg.pool_2d(c["img"], 9),
+    "pool_2d unknown op": lambda c: gg.pool_2d(c["img"], 2, op="min"),
+    "flash_attn head sizes": lambda c: gg.flash_attn_ext(c["q"], c["kbad"], c["v"]),
+    "flash_attn f32 mask": lambda c: gg.flash_attn_ext(c["q"], c["k"], c["v"], c["m32"]),
+    "flash_attn bias without mask": lambda c: gg.flash_attn_ext(c["q"], c["k"], c["v"], max_bias=1.0),
+    "empty graph": lambda c: gg.Graph([]),
+    "graph of a non-tensor": lambda c: gg.Graph([1.0]),
 }
 
 
@@ -208,7 +326,14 @@ def test_bad_graph_input_raises(cpu, rpc_devs, case):
     ctx, uctx, zctx = gg.Context(), gg.Context(), gg.Context()
     c = dict(be=be, rb=rb, a=ctx.tensor(gg.f32, (4, 8)), c=ctx.tensor(gg.f32, (3, 5)),
              h=ctx.tensor(gg.f16, (4, 8)), sq=ctx.tensor(gg.f32, (8, 8)),
-             i=ctx.tensor(gg.i32, (4, 8)), u=uctx.tensor(gg.f32, (4,)), z=zctx.tensor(gg.f32, (4,)))
+             i=ctx.tensor(gg.i32, (4, 8)), u=uctx.tensor(gg.f32, (4,)), z=zctx.tensor(gg.f32, (4,)),
+             img=ctx.tensor(gg.f32, (1, 4, 8, 8)), heads=ctx.tensor(gg.f32, (1, 6, 2, 8)),
+             pos=ctx.tensor(gg.i32, (6,)), idx=ctx.tensor(gg.i32, (3,)),
+             ker3=ctx.tensor(gg.f32, (2, 3, 3, 3)), ker4=ctx.tensor(gg.f32, (2, 4, 3, 3)),
+             bigker=ctx.tensor(gg.f32, (2, 4, 9, 9)), ker1=ctx.tensor(gg.f32, (2, 3, 3)),
+             sig=ctx.tensor(gg.f32, (1, 4, 10)), q=ctx.tensor(gg.f32, (1, 2, 3, 8)),
+             k=ctx.tensor(gg.f16, (1, 2, 5, 8)), kbad=ctx.tensor(gg.f16, (1, 2, 5, 4)),
+             v=ctx.tensor(gg.f16, (1, 2, 5, 8)), m32=ctx.tensor(gg.f32, (3, 5)))
     ctx.alloc(be)
     zctx.close()
     with pytest.raises(gg.GGMLError):

@@ -1,0 +1,109 @@
+"""Property-based shape fuzzing (hypothesis) of a core set of ops on the CPU backend: any
+shapes the strategies draw, valid or not, either compute the numpy result or raise a
+GGMLError; the process never aborts."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import ggml_py as gg
+from conftest import nmse
+
+SETTINGS = settings(max_examples=100, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+dims = st.integers(1, 6)
+shapes = st.lists(dims, min_size=1, max_size=4).map(tuple)
+
+
+@pytest.fixture(scope="module")
+def be():
+    with gg.device("CPU").backend() as b:
+        yield b
+
+
+def _run(be, arrays, build):
+    """build(*tensors) computed on `be`; None when ggml_py refused the shapes."""
+    with gg.Context() as ctx:
+        ts = [ctx.from_numpy(a) for a in arrays]
+        ctx.alloc(be)
+        for t, a in zip(ts, arrays):
+            t.set(a)
+        try:
+            out = build(*ts)
+        except gg.GGMLError:
+            return None
+        be.compute(gg.Graph(out))
+        return out.numpy(copy=True)
+
+
+def _arr(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _broadcasts(a, b):
+    try:
+        np.broadcast_shapes(a, b)
+        return True
+    except ValueError:
+        return False
+
+
+@SETTINGS
+@given(shapes, shapes, st.sampled_from(["add", "sub", "mul"]))
+def test_binary_ops_broadcast_like_numpy(be, sa, sb, op):
+    a, b = _arr(sa, 1), _arr(sb, 2)
+    fn = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y}[op]
+    got = _run(be, [a, b], fn)
+    ref_ok = _broadcasts(sa, sb) and len(np.broadcast_shapes(sa, sb)) <= 4
+    assert (got is not None) == ref_ok
+    if got is not None:
+        ref = fn(a, b)
+        assert got.shape == ref.shape and nmse(got, ref) < 1e-7
+
+
+@SETTINGS
+@given(st.lists(dims, min_size=2, max_size=4).map(tuple), dims, st.booleans())
+def test_matmul_like_numpy(be, sa, n, aligned):
+    k = sa[-1] if aligned else sa[-1] + 1
+    sb = sa[:-2] + (k, n)
+    a, b = _arr(sa, 3), _arr(sb, 4)
+    got = _run(be, [a, b], lambda x, y: x @ y)
+    assert (got is not None) == aligned
+    if aligned:
+        assert nmse(got, a @ b) < 5e-4
+
+
+@SETTINGS
+@given(shapes, st.data())
+def test_permute_cont_and_reductions(be, shape, data):
+    a = _arr(shape, 5)
+    axes = tuple(data.draw(st.permutations(range(len(shape)))))
+    got = _run(be, [a], lambda x: gg.cont(x.permute(axes)))
+    assert np.array_equal(got, a.transpose(axes))
+    assert nmse(_run(be, [a], gg.sum_rows), a.sum(-1, keepdims=True)) < 1e-7
+    assert nmse(_run(be, [a], gg.soft_max), np.exp(a) / np.exp(a).sum(-1, keepdims=True)) < 1e-6
+    rms = a / np.sqrt((a * a).mean(-1, keepdims=True) + 1e-6)
+    assert nmse(_run(be, [a], gg.rms_norm), rms) < 1e-7
+
+
+@SETTINGS
+@given(shapes, shapes, st.integers(-4, 4))
+def test_concat_like_numpy(be, sa, sb, axis):
+    a, b = _arr(sa, 6), _arr(sb, 7)
+    try:
+        ref = np.concatenate([a, b], axis)
+    except (ValueError, np.exceptions.AxisError):
+        ref = None
+    got = _run(be, [a, b], lambda x, y: gg.concat(x, y, axis))
+    assert (got is None) == (ref is None)
+    if ref is not None:
+        assert np.array_equal(got, ref)
+
+
+@SETTINGS
+@given(shapes, st.lists(dims, min_size=1, max_size=4).map(tuple))
+def test_reshape_keeps_elements_or_raises(be, shape, new):
+    a = _arr(shape, 8)
+    got = _run(be, [a], lambda x: gg.cont(x.reshape(new)))
+    assert (got is not None) == (a.size == int(np.prod(new)))
+    if got is not None:
+        assert np.array_equal(got, a.reshape(new))
