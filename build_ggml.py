@@ -68,7 +68,7 @@ def _inputs(args, tree: Path, backends, cfg: dict[str, str], release: str) -> di
         "tree": str(tree),
         "source": str(args.source) if args.source else None,
         "backends": list(backends),
-        "cmake": cfg,
+        "cmake": {k: v for k, v in cfg.items() if k != "GGML_PY_TEST_BACKEND_OPS"},
         "abi": args.abi,
         "python": sys.implementation.cache_tag,
         "generator_mtime": max(p.stat().st_mtime for p in GENERATOR),
@@ -96,6 +96,14 @@ def run(args) -> Path:
     out = args.lib_root / name
     build = BUILD_ROOT / name
     cfg = flags.cmake_flags(backends, plat, native=args.native, cuda_arch=args.cuda_arch)
+    if args.with_tests:
+        tests = pins.test_backend_ops(tree) if args.source is None else \
+            next(iter(sorted(tree.parent.glob("tests/test-backend-ops.cpp")) +
+                      sorted(tree.glob("tests/test-backend-ops.cpp"))), None)
+        if tests is None or not tests.exists():
+            raise BuildError("this tree has no test-backend-ops.cpp",
+                             "build without --with-tests, or use a release whose pin has 'tests'")
+        cfg["GGML_PY_TEST_BACKEND_OPS"] = str(tests)
     inputs = _inputs(args, tree, backends, cfg, release)
     info_path = out / "build.json"
     old = json.loads(info_path.read_text()) if info_path.exists() else {}
@@ -114,8 +122,8 @@ def run(args) -> Path:
     log_file.write_text(f"build_ggml.py {' '.join(sys.argv[1:])}\n")
     print(f"ggml {release} [{', '.join(backends)}] -> {out}")
 
-    same_config = old.get("inputs", {}).get("cmake") == cfg and old.get("inputs", {}).get("tree") == str(tree)
-    if not same_config or not (build / "cmake" / "build.ninja").exists():
+    same_config = old.get("inputs", {}).get("cmake") == inputs["cmake"] and old.get("inputs", {}).get("tree") == str(tree)
+    if not same_config or args.with_tests or not (build / "cmake" / "build.ninja").exists():
         cmake.configure(tools, tree, build, out, cfg, log_file)
     targets = ("all", "test-backend-ops") if args.with_tests else ()
     cmake.build(tools, build, args.jobs, log_file, targets=targets)

@@ -22,6 +22,13 @@ WRAPPER = """\
 cmake_minimum_required(VERSION 3.14)
 project(ggml_py_build C CXX)
 add_subdirectory("${GGML_PY_TREE}" ggml)
+if(GGML_PY_TEST_BACKEND_OPS)
+  # upstream's op tester, built against the same libraries (build_ggml.py --with-tests)
+  add_executable(test-backend-ops EXCLUDE_FROM_ALL "${GGML_PY_TEST_BACKEND_OPS}")
+  target_link_libraries(test-backend-ops PRIVATE ggml)
+  target_compile_features(test-backend-ops PRIVATE cxx_std_17)
+  set_target_properties(test-backend-ops PROPERTIES BUILD_RPATH "\$ORIGIN/.." INSTALL_RPATH "\$ORIGIN/..")
+endif()
 """
 
 
@@ -57,12 +64,19 @@ def _stable_which(name: str) -> str | None:
     return (stable or found or [None])[0]
 
 
-def configure(tools, tree: Path, build: Path, out: Path, flags: dict[str, str], log_file) -> None:
-    build.mkdir(parents=True, exist_ok=True)
+def write_wrapper(build: Path) -> Path:
+    """The wrapper project's folder, its CMakeLists current (ninja re-runs CMake when it
+    changes, so a newer build_ggml.py takes effect in existing build folders)."""
     wrapper = build / "wrapper"
-    wrapper.mkdir(exist_ok=True)
-    if not (wrapper / "CMakeLists.txt").exists() or (wrapper / "CMakeLists.txt").read_text() != WRAPPER:
-        (wrapper / "CMakeLists.txt").write_text(WRAPPER)
+    wrapper.mkdir(parents=True, exist_ok=True)
+    f = wrapper / "CMakeLists.txt"
+    if not f.exists() or f.read_text() != WRAPPER:
+        f.write_text(WRAPPER)
+    return wrapper
+
+
+def configure(tools, tree: Path, build: Path, out: Path, flags: dict[str, str], log_file) -> None:
+    wrapper = write_wrapper(build)
     defs = dict(flags, GGML_PY_TREE=str(tree), CMAKE_LIBRARY_OUTPUT_DIRECTORY=str(out),
                 CMAKE_RUNTIME_OUTPUT_DIRECTORY=str(out / "bin"))
     cmd = [tools["cmake"], "-G", "Ninja", "-S", str(wrapper), "-B", str(build / "cmake"),
@@ -74,6 +88,7 @@ _STEP = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
 
 
 def build(tools, build: Path, jobs: int, log_file, *, targets=()) -> None:
+    write_wrapper(build)
     # ninja directly (not `cmake --build`, which would use the ninja cached at configure time)
     cmd = [tools["ninja"], "-C", str(build / "cmake"), "-j", str(jobs), *targets]
     _run(cmd, log_file, "build", progress=True)

@@ -24,6 +24,7 @@ from .errors import BuildError
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "vendor" / "releases.toml"
 STAMP = ".ggml_py-verified"
+TESTS = "ggml_py-tests"          # folder of the extracted tree that holds test-backend-ops.cpp
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Pin:
     file: str
     sha256: str
     tree: str
+    tests: str | None = None     # test-backend-ops.cpp inside the archive, where it ships one
 
 
 def load_manifest(path: Path = MANIFEST) -> tuple[str, dict[str, Pin]]:
@@ -122,8 +124,15 @@ def extracted_tree(pin: Pin) -> Path | None:
     dest = tree_dir(pin)
     stamp = dest / STAMP
     if stamp.exists() and stamp.read_text().strip() == pin.sha256:
+        if pin.tests and not test_backend_ops(dest).exists() and (cache_dir() / pin.file).exists():
+            return None          # extracted before the tests were taken: extract again
         return dest
     return None
+
+
+def test_backend_ops(tree: Path) -> Path:
+    """Where an extracted tree keeps upstream's test-backend-ops.cpp (when its pin has one)."""
+    return tree / TESTS / "test-backend-ops.cpp"
 
 
 def extract(pin: Pin, archive: Path) -> Path:
@@ -135,7 +144,12 @@ def extract(pin: Pin, archive: Path) -> Path:
     try:
         with tarfile.open(archive) as tar:
             members = []
+            tests = f"{top}/{pin.tests}" if pin.tests else None
             for m in tar.getmembers():
+                if m.name == tests and m.isfile():
+                    m.name = f"{TESTS}/test-backend-ops.cpp"
+                    members.append(m)
+                    continue
                 if not m.name.startswith(prefix) or not (m.isfile() or m.isdir()):
                     continue
                 m.name = m.name[len(prefix):]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ._loader import BUILD, BUILD_DIR, cstr, ffi, lib
 from .errors import (ClosedError, GGMLError, GGMLWarning, InvalidArgument, InvalidType,
-                     NotFound, UnsupportedError)
+                     NotFound, RPCError, RPCVersionError, UnsupportedError)
 from .registry import Caps, Device, Registry, device, devices, registries
 from .buffer import Buffer, BufferType, OutOfMemory, aligned_empty
 from .backend import Backend
@@ -20,6 +20,7 @@ from .event import Event
 from .types import GGMLType, TYPES, quantize
 from .tensor import Context, Tensor
 from .transfer import copy, copy_async
+from .dlpack import from_dlpack
 from .ops import *  # noqa: F401,F403  (ggml ops by their ggml names)
 from .ops import matmul
 from .graph import Graph
@@ -53,7 +54,7 @@ def build_info() -> dict:
 __all__ = [
     "ggml_version", "build_info", "registries", "devices", "device", "Registry", "Device", "Caps",
     "BufferType", "Buffer", "Backend", "Event", "Context", "Tensor", "Graph", "Scheduler", "GGMLType",
-    "TYPES", "quantize", "copy", "copy_async", "aligned_empty", "matmul",
+    "TYPES", "quantize", "copy", "copy_async", "from_dlpack", "aligned_empty", "matmul",
     "GGMLError", "ClosedError", "UnsupportedError", "InvalidArgument", "InvalidType", "NotFound",
-    "OutOfMemory", "GGMLWarning", "ffi", "lib",
+    "OutOfMemory", "RPCError", "RPCVersionError", "GGMLWarning", "ffi", "lib",
 ]

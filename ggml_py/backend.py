@@ -9,7 +9,7 @@ from __future__ import annotations
 from ._handle import Owned
 from ._loader import cstr, ffi, lib
 from .errors import InvalidArgument, require
-from .registry import Device, free_guard, require_events, usable_cores
+from .registry import Device, ensure_alive, free_guard, require_events, usable_cores
 from . import transfer
 
 
@@ -70,6 +70,7 @@ class Backend(Owned):
 
     def synchronize(self) -> None:
         """Wait for everything queued on this backend; then releases what async calls kept."""
+        self._alive()
         lib.ggml_backend_synchronize(self.ptr)
         self._pending.clear()
 
@@ -107,6 +108,7 @@ class Backend(Owned):
         require(event.device.registry == self._device.registry,
                 f"backend {self.name} cannot wait on an event of {event.device.name} "
                 "(another kind of backend)")
+        self._alive()
         lib.ggml_backend_event_wait(self.ptr, event.ptr)
 
     def compute(self, graph) -> None:
@@ -121,6 +123,12 @@ class Backend(Owned):
 
     def _devices(self) -> set:
         return {self._device.ptr}
+
+    def _alive(self) -> None:
+        """RPCError instead of ggml's abort when this backend's RPC server is gone."""
+        self.ptr                                   # ClosedError first
+        if self._guard is not None:
+            ensure_alive(self._device.ptr)
 
     def close(self) -> None:
         if self._raw is not None and (self._guard is None or self._guard()):

@@ -11,7 +11,7 @@ import numpy as np
 from ._handle import Borrowed, Owned
 from ._loader import cstr, ffi, lib
 from .errors import GGMLError, InvalidArgument, UnsupportedError, require
-from .registry import free_guard
+from .registry import ensure_alive, free_guard
 
 _USAGE = {"any": lib.GGML_BACKEND_BUFFER_USAGE_ANY,
           "weights": lib.GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
@@ -61,6 +61,7 @@ class BufferType(Borrowed):
         require(nbytes >= 0, f"nbytes must be >= 0, got {nbytes}")
         require(nbytes <= self.max_size,
                 f"{nbytes} bytes exceed buffer type {self.name}'s max size {self.max_size}")
+        ensure_alive(lib.ggml_backend_buft_get_device(self.ptr))
         raw = lib.ggml_backend_buft_alloc_buffer(self.ptr, int(nbytes))
         if raw == ffi.NULL:
             raise OutOfMemory(f"{self.name} could not allocate {nbytes} bytes")

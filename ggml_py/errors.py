@@ -2,7 +2,7 @@
 
 Everything ggml_py raises derives from :class:`GGMLError` (a ``RuntimeError``). Validation
 errors also derive from ``ValueError``/``TypeError``, lookups from ``LookupError``, so the
-usual ``except ValueError`` keeps working. Finalizers never raise: they warn with
+usual ``except ValueError`` keeps working; RPC failures derive from ``ConnectionError``. Finalizers never raise: they warn with
 :class:`GGMLWarning`.
 """
 from __future__ import annotations
@@ -30,6 +30,15 @@ class InvalidType(GGMLError, TypeError):
 
 class NotFound(GGMLError, LookupError):
     """No registry/device/backend matches a lookup."""
+
+
+class RPCError(GGMLError, ConnectionError):
+    """An RPC server is unreachable, busy, gone, or speaks another protocol version: raised
+    before ggml's RPC client would abort the process."""
+
+
+class RPCVersionError(RPCError):
+    """The server is of a ggml release whose RPC protocol this build cannot talk to."""
 
 
 class GGMLWarning(RuntimeWarning):

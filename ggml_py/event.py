@@ -12,7 +12,7 @@ from __future__ import annotations
 from ._handle import Owned
 from ._loader import ffi, lib
 from .errors import GGMLError, require
-from .registry import Device, free_guard, require_events
+from .registry import Device, ensure_alive, free_guard, require_events
 
 
 class Event(Owned):
@@ -41,10 +41,12 @@ class Event(Owned):
         """Record the event at the current end of `backend`'s queue (same device only)."""
         require(backend.device == self._device,
                 f"an event of {self._device.name} cannot be recorded on {backend.device.name}")
+        backend._alive()
         lib.ggml_backend_event_record(self.ptr, backend.ptr)
 
     def synchronize(self) -> None:
         """Block the host until the recorded work is done."""
+        ensure_alive(self.ptr and self._device.ptr)
         lib.ggml_backend_event_synchronize(self.ptr)
 
     def _devices(self) -> set:

@@ -10,9 +10,12 @@ stays valid as long as the graph's context lives.
 """
 from __future__ import annotations
 
+import weakref
+
 from ._handle import Owned
 from ._loader import cstr, ffi, lib
 from .errors import GGMLError, InvalidArgument, UnsupportedError, check, require
+from .registry import free_guard
 from .tensor import Context, Tensor
 
 
@@ -41,6 +44,7 @@ class Graph:
             lib.ggml_set_output(t.ptr)
             lib.ggml_build_forward_expand(self.ptr, t.ptr)
         self._allocs = {}
+        self._checked = weakref.WeakSet()   # backends this graph was validated and allocated for
         self.ctx._keep.append(self)  # node memory placed by the allocator lives with the context
 
     @property
@@ -117,9 +121,14 @@ def init_views(graph: Graph) -> None:
 
 
 def prepare(backend, graph: Graph) -> None:
-    """Validate `graph` for `backend` and allocate nodes that have no memory yet."""
+    """Validate `graph` for `backend` and allocate nodes that have no memory yet.
+
+    A graph cannot change once built, so this walk runs once per backend: later computes of
+    the same graph cost no Python work per node."""
     graph._meta.ptr
     be = backend.ptr
+    if backend in graph._checked:
+        return
     init_views(graph)
     need_alloc = False
     for t, is_node in _walk(graph):
@@ -148,12 +157,16 @@ def prepare(backend, graph: Graph) -> None:
             raw = lib.ggml_gallocr_new(buft)
             if raw == ffi.NULL:
                 raise GGMLError("ggml_gallocr_new failed")
-            alloc = graph._allocs[key] = Owned(raw, lib.ggml_gallocr_free, parents=(graph.ctx,))
+            alloc = graph._allocs[key] = Owned(
+                raw, lib.ggml_gallocr_free, parents=(graph.ctx,),
+                guard=free_guard(lib.ggml_backend_buft_get_device(buft)))
         if not lib.ggml_gallocr_alloc_graph(alloc.ptr, graph.ptr):
             raise GGMLError(f"allocating the graph's nodes on {backend.name} failed (out of memory?)")
+    graph._checked.add(backend)
 
 
 def compute(backend, graph: Graph, *, asynchronous: bool) -> None:
+    backend._alive()
     prepare(backend, graph)
     if asynchronous:
         backend._pending.append(graph)

@@ -34,6 +34,9 @@ def _float(*ts) -> None:
 def _out(p, like: Tensor, ndim: int | None = None) -> Tensor:
     """The result `p` as a Tensor of `like`'s context, with `ndim` numpy axes (default:
     like's, so leading axes of length 1 survive ops that keep the shape)."""
+    src = p.view_src
+    if src != ffi.NULL and src.buffer != ffi.NULL and p.buffer == ffi.NULL:
+        lib.ggml_backend_view_init(p)   # a view of allocated memory is usable at once
     return Tensor(p, like.ctx, ndim=like.ndim if ndim is None else ndim)
 
 

@@ -11,6 +11,7 @@ Both belong to ggml and live as long as the process; these objects only borrow t
 from __future__ import annotations
 
 import os
+import sys
 from typing import NamedTuple
 
 from ._loader import BUILD, BUILD_DIR, cstr, ffi, lib
@@ -115,12 +116,14 @@ class Device(Borrowed):
     def memory(self) -> tuple[int, int]:
         """(free, total) bytes, as the device reports them."""
         free, total = ffi.new("size_t *"), ffi.new("size_t *")
+        ensure_alive(self.ptr)
         lib.ggml_backend_dev_memory(self.ptr, free, total)
         return int(free[0]), int(total[0])
 
     @property
     def caps(self) -> Caps:
         props = ffi.new("struct ggml_backend_dev_props *")
+        ensure_alive(self.ptr)
         lib.ggml_backend_dev_get_props(self.ptr, props)
         c = props.caps
         return Caps(bool(getattr(c, "async")), bool(c.host_buffer),
@@ -130,6 +133,7 @@ class Device(Borrowed):
     def device_id(self) -> str | None:
         """A stable identifier such as a PCI bus id, where the backend gives one."""
         props = ffi.new("struct ggml_backend_dev_props *")
+        ensure_alive(self.ptr)
         lib.ggml_backend_dev_get_props(self.ptr, props)
         return cstr(props.device_id) if hasattr(props, "device_id") else None
 
@@ -189,11 +193,13 @@ class Device(Borrowed):
         CPU-type backends use the cores this process may use unless `n_threads` says otherwise.
         """
         from .backend import Backend
+        ensure_alive(self.ptr)
         return Backend._create(self, n_threads=n_threads, params=params)
 
     def event(self):
         """A new :class:`Event` on this device; :class:`UnsupportedError` when it has none."""
         from .event import Event
+        ensure_alive(self.ptr)
         return Event._create(self)
 
     def buffer_from_host(self, array):
@@ -261,20 +267,73 @@ def rpc_endpoint(dev_ptr) -> str | None:
     return desc if host and port.isdigit() else None
 
 
-def _reachable(endpoint: str) -> bool:
-    """False only when the server's port refuses connections (nothing listens any more).
+def _connection_states(host: str, port: int) -> set[int] | None:
+    """TCP states of this process's connections to host:port (Linux: each socket descriptor's
+    peer and ``TCP_INFO``); None where that cannot be read. 1 is ESTABLISHED; a server that
+    died leaves 8 (CLOSE_WAIT) or no connection at all."""
+    import socket
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        addrs = {ai[4][0] for ai in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    states = set()
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            with socket.socket(fileno=os.dup(int(fd))) as s:    # a duplicate: ggml's stays open
+                if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+                    continue
+                peer = s.getpeername()
+                if peer[1] != port or (peer[0] not in addrs and peer[0].removeprefix("::ffff:") not in addrs):
+                    continue
+                states.add(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0])
+        except OSError:
+            continue
+    return states
 
-    A busy server (it serves one client at a time, with a listen backlog of one) may let a
-    connection attempt time out: that counts as alive."""
+
+def _reachable(endpoint: str) -> bool:
+    """False only when the server at `endpoint` is known to be gone.
+
+    On Linux this reads the state of ggml's own connection to it: ESTABLISHED means alive,
+    a connection the server closed (CLOSE_WAIT) means dead. Without such a connection it
+    probes the port: refused means dead; a timeout counts as alive, since a busy server
+    (one client at a time, listen backlog of one) may leave a connection attempt waiting."""
     import socket
     host, _, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    states = _connection_states(host, int(port))
+    if states:
+        return 1 in states
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=0.5):
+        with socket.create_connection((host, int(port)), timeout=0.5):
             return True
     except (ConnectionRefusedError, socket.gaierror):
         return False
     except OSError:
         return True
+
+
+def ensure_alive(dev_ptr) -> None:
+    """Raise RPCError when `dev_ptr` is an RPC device whose server is gone: any ggml call
+    that reaches a dead server aborts the process."""
+    if dev_ptr is None or dev_ptr == ffi.NULL:
+        return
+    endpoint = rpc_endpoint(dev_ptr)
+    if endpoint is not None and not _reachable(endpoint):
+        from .errors import RPCError
+        raise RPCError(f"the RPC server at {endpoint} is gone: objects on its devices can no "
+                       "longer be used (close them; they are dropped without freeing)")
+
+
+def buffer_device(buffer_ptr):
+    """The device of a raw buffer (None for the CPU's and other device-less buffers)."""
+    dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(buffer_ptr))
+    return None if dev == ffi.NULL else dev
 
 
 def free_guard(dev_ptr):

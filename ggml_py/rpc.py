@@ -14,15 +14,17 @@ import ipaddress
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
 import warnings
 import weakref
+from pathlib import Path
 
-from ._loader import BUILD_DIR, ffi, lib
-from .errors import GGMLError, InvalidArgument, require
+from ._loader import BUILD, BUILD_DIR, LIB_ROOT, ffi, lib
+from .errors import GGMLError, RPCError, RPCVersionError, require
 from .registry import Device, Registry, device as _lookup, usable_cores
 
 WARNING = ("ggml's RPC server has no authentication or encryption: anyone who can reach "
@@ -54,13 +56,72 @@ def _free_port(host: str) -> int:
 
 
 def probe(endpoint: str, timeout: float = 5.0) -> None:
-    """Raise ConnectionError unless something accepts TCP connections at `endpoint`."""
+    """Raise RPCError (a ConnectionError) unless something accepts TCP connections at
+    `endpoint`."""
     host, port = parse_endpoint(endpoint)
     try:
         with socket.create_connection((host, port), timeout=timeout):
             pass
     except OSError as e:
-        raise ConnectionError(f"no RPC server reachable at {endpoint}: {e}") from None
+        raise RPCError(f"no RPC server reachable at {endpoint}: {e}") from None
+
+
+HELLO = 14               # RPC_CMD_HELLO, fixed across protocol versions
+CONN_CAPS = 24           # RPC_CONN_CAPS_SIZE: the HELLO request; the reply adds 4 version bytes
+
+
+def _recv_exact(sock, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
+    """The protocol version (major, minor, patch) of the ggml RPC server at `endpoint`, asked
+    with ggml's own HELLO handshake over a connection of our own.
+
+    Raises RPCError when nothing listens, when the server does not answer within `timeout`
+    (it serves one client at a time: busy), or when it hangs up without answering (another
+    release's server refuses a HELLO of another size), and RPCVersionError when the versions
+    cannot talk (ggml's client would abort the process on any of these)."""
+    host, port = parse_endpoint(endpoint)
+    ours = (int(lib.RPC_PROTO_MAJOR_VERSION), int(lib.RPC_PROTO_MINOR_VERSION),
+            int(lib.RPC_PROTO_PATCH_VERSION))
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        raise RPCError(f"no RPC server reachable at {endpoint}: {e}") from None
+    with sock:
+        try:
+            sock.sendall(bytes([HELLO]) + struct.pack("<Q", CONN_CAPS) + bytes(CONN_CAPS))
+            size = _recv_exact(sock, 8)
+            reply = _recv_exact(sock, struct.unpack("<Q", size)[0]) if len(size) == 8 else b""
+        except (ConnectionResetError, BrokenPipeError):
+            size = reply = b""                      # hung up on us: reported below
+        except socket.timeout:
+            raise RPCError(f"the RPC server at {endpoint} did not answer within {timeout} s: it "
+                           "is busy with another client (a ggml RPC server serves one at a "
+                           "time)") from None
+        except OSError as e:
+            raise RPCError(f"the RPC server at {endpoint} broke the connection: {e}") from None
+    if len(size) < 8:
+        raise RPCError(f"{endpoint} hung up without answering ggml's HELLO: not a ggml RPC "
+                       f"server, or one of a ggml release whose protocol differs from "
+                       f"{'.'.join(map(str, ours))}")
+    if len(reply) < 3:
+        raise RPCVersionError(f"{endpoint} answered HELLO with {len(reply)} bytes: not a "
+                              "protocol this build speaks")
+    theirs = tuple(reply[:3])
+    if theirs[0] != ours[0] or theirs[1] > ours[1]:
+        raise RPCVersionError(
+            f"the RPC server at {endpoint} speaks protocol {'.'.join(map(str, theirs))}, this "
+            f"build (ggml {BUILD['release']}) speaks {'.'.join(map(str, ours))}: run server and "
+            "client from releases with the same major protocol version")
+    return theirs
 
 
 class Server:
@@ -121,14 +182,23 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def serve(devices=None, host: str = "127.0.0.1", port: int = 0, cache_dir: str | None = None,
-          threads: int | None = None, *, allow_remote: bool = False, timeout: float = 30.0) -> Server:
+          threads: int | None = None, *, allow_remote: bool = False, timeout: float = 30.0,
+          build: str | os.PathLike | None = None) -> Server:
     """Start ``ggml_backend_rpc_start_server`` (which blocks) in a child process serving
-    `devices` (a Device, a name, or a list; default: the CPU), and wait until it accepts."""
+    `devices` (a Device, a name, or a list; default: the CPU), and wait until it accepts.
+
+    `build` runs the server from another build folder (a path, or a folder name under
+    ggml_py/lib such as "ggml-0.20.2-cpu-rpc"): a server of another release, for regression
+    runs across releases. Its device names are then looked up in that build."""
+    if build is not None:
+        folder = Path(build) if os.sep in str(build) else LIB_ROOT / str(build)
+        require((folder / "build.json").exists(), f"no finished build in {folder}")
     if devices is None:
         devices = ["CPU"]
     elif isinstance(devices, (Device, str)):
         devices = [devices]
-    names = [d.name if isinstance(d, Device) else _lookup(d).name for d in devices]
+    names = [d.name if isinstance(d, Device) else (d if build else _lookup(d).name)
+             for d in devices]
     require(isinstance(port, int) and 0 <= port < 65536, f"port must be 0..65535, got {port!r}")
     if not _is_loopback(host):
         require(allow_remote, f"binding to {host} exposes the server beyond this machine; pass "
@@ -144,7 +214,7 @@ def serve(devices=None, host: str = "127.0.0.1", port: int = 0, cache_dir: str |
         cmd += ["--cache-dir", str(cache_dir)]
     if threads:
         cmd += ["--threads", str(threads)]
-    env = dict(os.environ, GGML_PY_BUILD=str(BUILD_DIR))
+    env = dict(os.environ, GGML_PY_BUILD=str(folder if build is not None else BUILD_DIR))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     server = Server(proc, endpoint)
@@ -171,14 +241,17 @@ _connected: dict[str, Registry] = {}
 def connect(endpoint: str, timeout: float = 5.0) -> Registry:
     """Register the server at `endpoint`; its devices appear in ``gg.devices()``.
 
-    Raises ConnectionError when nothing listens there (ggml itself would abort)."""
+    The server is asked for its protocol version first (:func:`hello`): nothing listening, a
+    busy server, a server of an incompatible release or something that is no ggml RPC server
+    raise :class:`RPCError` (a ``ConnectionError``) within `timeout` seconds, where ggml's
+    client would abort the process or wait forever."""
     parse_endpoint(endpoint)
     if endpoint in _connected:
         return _connected[endpoint]
-    probe(endpoint, timeout)
+    hello(endpoint, timeout)
     raw = lib.ggml_backend_rpc_add_server(endpoint.encode())
     if raw == ffi.NULL:
-        raise ConnectionError(f"ggml could not add the RPC server at {endpoint}")
+        raise RPCError(f"the RPC server at {endpoint} offers no devices")
     lib.ggml_backend_register(raw)
     reg = _connected[endpoint] = Registry(raw)
     return reg

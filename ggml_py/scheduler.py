@@ -38,13 +38,16 @@ class Scheduler(Owned):
                                          bool(parallel), bool(op_offload))
         if raw == ffi.NULL:
             raise GGMLError("ggml_backend_sched_new failed")
-        super().__init__(raw, lib.ggml_backend_sched_free, parents=backends)
+        guards = [b._guard for b in backends if b._guard is not None]
+        self._guard = (lambda: all(g() for g in guards)) if guards else None
+        super().__init__(raw, lib.ggml_backend_sched_free, parents=backends, guard=self._guard)
         self.backends = backends
         self._graph_size = int(graph_size)
         self._placed = []   # (graph, raw nodes whose memory the scheduler placed)
 
     def _check(self, graph: Graph) -> None:
         require(isinstance(graph, Graph), "expected a gg.Graph")
+        self._alive()
         require(graph.n_nodes <= self._graph_size,
                 f"the graph has {graph.n_nodes} nodes; this scheduler was made for "
                 f"{self._graph_size} (Scheduler(graph_size=...))")
@@ -85,13 +88,20 @@ class Scheduler(Owned):
         self._compute(graph, lib.ggml_backend_sched_graph_compute_async)
 
     def _compute(self, graph, fn) -> None:
+        self._alive()
         if not any(g is graph for g, _ in self._placed):
             lib.ggml_backend_sched_reset(self.ptr)
             self.alloc(graph)
         check(fn(self.ptr, graph.ptr), "scheduled graph compute")
 
     def synchronize(self) -> None:
+        self._alive()
         lib.ggml_backend_sched_synchronize(self.ptr)
+
+    def _alive(self) -> None:
+        self.ptr
+        for b in self.backends:
+            b._alive()
 
     def reset(self) -> None:
         """Drop the current allocation (the tensors it placed lose their memory)."""
@@ -112,6 +122,7 @@ class Scheduler(Owned):
     def _forget(self) -> None:
         """Unhook nodes whose memory the scheduler placed: they read as unallocated again."""
         for graph, nodes in self._placed:
+            graph._checked.clear()           # its nodes must be placed again before a compute
             if graph.ctx.closed:
                 continue
             for t in nodes:
@@ -121,7 +132,8 @@ class Scheduler(Owned):
 
     def close(self) -> None:
         if self._raw is not None:
-            lib.ggml_backend_sched_synchronize(self._raw)
+            if self._guard is None or self._guard():   # a dead RPC server would abort
+                lib.ggml_backend_sched_synchronize(self._raw)
             self._forget()
         super().close()
 

@@ -16,6 +16,7 @@ from . import types as T
 from ._handle import Owned
 from ._loader import cstr, ffi, lib
 from .buffer import Buffer
+from .registry import buffer_device, ensure_alive
 from .errors import ClosedError, GGMLError, InvalidArgument, InvalidType, require
 
 MAX_DIMS = int(lib.GGML_MAX_DIMS)
@@ -102,6 +103,7 @@ class Context(Owned):
             buft = backend_or_buffer_type
         else:
             raise InvalidArgument("alloc takes a Backend or a BufferType")
+        ensure_alive(lib.ggml_backend_buft_get_device(buft.ptr))
         made = []
         for raw in self._raws():
             if not any(t.data is None and t._view_src is None for t in self._chunk_tensors(raw)):
@@ -252,6 +254,7 @@ class Tensor:
         if p.buffer == ffi.NULL or p.data == ffi.NULL:
             raise InvalidArgument(f"{what}: tensor {self.name or '(unnamed)'} has no memory; "
                                   "allocate it first (ctx.alloc(backend)) or compute its graph")
+        ensure_alive(buffer_device(p.buffer))
 
     # -- data in and out --------------------------------------------------------------------
     def set(self, array, offset: int = 0) -> None:
@@ -272,12 +275,20 @@ class Tensor:
         a = self.numpy(copy=True)
         return a if dtype is None else a.astype(dtype)
 
-    def __dlpack__(self, **kw):
-        a = self.numpy(copy=False)
-        return a.__dlpack__(**kw)
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """DLPack export without a copy: host memory as CPU, CUDA buffers as CUDA memory
+        (see :mod:`ggml_py.dlpack`)."""
+        from . import dlpack
+        if copy:
+            raise BufferError("ggml tensors are exported without a copy; use t.numpy() to copy")
+        if dl_device is not None and tuple(dl_device) != dlpack.device(self):
+            raise BufferError(f"the tensor lives on DLPack device {dlpack.device(self)}, "
+                              f"not {tuple(dl_device)}")
+        return dlpack.capsule(self, max_version)
 
     def __dlpack_device__(self):
-        return (1, 0)
+        from . import dlpack
+        return dlpack.device(self)
 
     # -- numpy-like API: defined in ops.py -----------------------------------------------
     def __repr__(self):

@@ -105,6 +105,7 @@ def _same_device(t, backend, role: str, *, strict: bool = False) -> None:
 def set_async(backend, t, array, offset: int = 0) -> None:
     array, offset = _host_array(t, array, offset, writable=False, what="set_async")
     _same_device(t, backend, "the", strict=True)
+    backend._alive()
     backend._pending.append((t, array))
     if array.nbytes:
         lib.ggml_backend_tensor_set_async(backend.ptr, t.ptr, ffi.from_buffer("void *", array),
@@ -146,6 +147,8 @@ def copy_async(src, dst, src_backend, dst_backend) -> None:
     require(src._p != dst._p, "copy_async: source and destination are the same tensor")
     _same_device(src, src_backend, "the source")
     _same_device(dst, dst_backend, "the destination")
+    src_backend._alive()
+    dst_backend._alive()
     src_backend._pending.append(src)
     dst_backend._pending.append((src, dst))
     lib.ggml_backend_tensor_copy_async(src_backend.ptr, dst_backend.ptr, src.ptr, dst.ptr)

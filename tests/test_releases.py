@@ -39,3 +39,25 @@ def test_0_20_2_builds_and_loads_beside_0_25_3():
     assert old["nmse"] < 5e-4 and new["nmse"] < 5e-4
     # selecting by folder name (under ggml_py/lib) works as well as by path
     assert load(folder.name)["version"] == "0.20.2"
+
+
+OLD = ROOT / "ggml_py" / "lib" / "ggml-0.20.2-cpu-rpc"
+
+
+@pytest.mark.slow
+def test_rpc_servers_of_another_release_raise_instead_of_aborting():
+    import ggml_py as gg
+    if not (OLD / "build.json").exists():
+        pytest.skip("needs the 0.20.2 build of the test above")
+    with gg.rpc.serve(build=OLD.name) as old_server:
+        with pytest.raises(gg.RPCVersionError, match=r"speaks protocol 5\.0\.0.*7\.0\.0"):
+            gg.rpc.connect(old_server.endpoint, timeout=5)
+    # and the other way round: a 0.20.2 client meeting a 0.25.3 server
+    with gg.rpc.serve() as new_server:
+        code = (f"import ggml_py as gg\ntry:\n    gg.rpc.connect({new_server.endpoint!r})\n"
+                f"except gg.RPCVersionError as e:\n    print('refused', e)\n")
+        env = dict(os.environ, GGML_PY_BUILD=str(OLD))
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.startswith("refused"), r.stderr[-2000:]
+    assert "speaks protocol 7.0.0" in r.stdout
