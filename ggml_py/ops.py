@@ -20,15 +20,16 @@ FLOAT = ("f32", "f16", "bf16")
 
 
 def _t(x, what="operand") -> Tensor:
-    require(isinstance(x, Tensor), f"{what} must be a Tensor, not {type(x).__name__}", InvalidType)
+    if not isinstance(x, Tensor):
+        raise InvalidType(f"{what} must be a Tensor, not {type(x).__name__}")
     x.ptr  # closed context -> ClosedError
     return x
 
 
 def _float(*ts) -> None:
     for t in ts:
-        require(t.type.name in FLOAT, f"this op needs float tensors (f32/f16/bf16), got {t.type.name}",
-                InvalidType)
+        if t.type.name not in FLOAT:
+            raise InvalidType(f"this op needs float tensors (f32/f16/bf16), got {t.type.name}")
 
 
 def _out(p, like: Tensor, ndim: int | None = None) -> Tensor:
@@ -52,10 +53,12 @@ def _can_repeat(small: Tensor, big: Tensor) -> bool:
 def _binary(fn, a, b, name):
     a, b = _t(a), _t(b)
     _float(a, b)
-    require(_can_repeat(b, a), f"{name}: shape {b.shape} does not repeat into {a.shape} "
-                               "(each ggml dim of b must divide a's)")
-    require(a.type == b.type or b.type.name == "f32",
-            f"{name}: mixed types {a.type.name} and {b.type.name}", InvalidType)
+    # (plain ifs: these checks run per op while graphs are built, messages only on failure)
+    if not _can_repeat(b, a):
+        raise InvalidArgument(f"{name}: shape {b.shape} does not repeat into {a.shape} "
+                              "(each ggml dim of b must divide a's)")
+    if a.type != b.type and b.type.name != "f32":
+        raise InvalidType(f"{name}: mixed types {a.type.name} and {b.type.name}")
     return _out(fn(_ctx(a), a.ptr, b.ptr), a, max(a.ndim, b.ndim))
 
 
@@ -547,6 +550,8 @@ def pool_2d(a, kernel, stride=None, padding=0, op: str = "max"):
 # -- numpy semantics for Tensor operators ---------------------------------------------------------
 def _broadcast(a, b, name):
     """(a', b') with numpy broadcasting made explicit where ggml's repeat rule needs it."""
+    if a.ne == b.ne and a.ndim == b.ndim:
+        return a, b
     try:
         shape = np.broadcast_shapes(a.shape, b.shape)
     except ValueError:

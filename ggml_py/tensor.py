@@ -155,13 +155,14 @@ class Tensor:
     ggml's own ops are functions of the ``ggml_py`` module (``gg.mul_mat``...).
     """
 
-    __slots__ = ("_p", "ctx", "_ndim", "__weakref__")
+    __slots__ = ("_p", "ctx", "_ndim", "_ne", "_type", "__weakref__")
     __array_priority__ = 1000  # numpy defers to our operators
 
     def __init__(self, p, ctx: Context, ndim: int | None = None):
         self._p = p
         self.ctx = ctx
         self._ndim = ndim
+        self._ne = self._type = None     # fixed once ggml made the tensor: read once
 
     @property
     def ptr(self):
@@ -171,7 +172,9 @@ class Tensor:
     # -- metadata ---------------------------------------------------------------------------
     @property
     def type(self) -> T.GGMLType:
-        return T.of(int(self.ptr.type))
+        if self._type is None:
+            self._type = T.of(int(self.ptr.type))
+        return self._type
 
     @property
     def dtype(self) -> np.dtype | None:
@@ -179,7 +182,9 @@ class Tensor:
 
     @property
     def ne(self) -> tuple[int, ...]:
-        return tuple(int(x) for x in self.ptr.ne)
+        if self._ne is None:
+            self._ne = tuple(self.ptr.ne)
+        return self._ne
 
     @property
     def nb(self) -> tuple[int, ...]:
@@ -187,7 +192,9 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
-        return self._ndim or int(lib.ggml_n_dims(self.ptr))
+        if not self._ndim:
+            self._ndim = int(lib.ggml_n_dims(self.ptr))
+        return self._ndim
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -1,0 +1,108 @@
+"""Graph building and compute through ggml_py against baselines measured in the same run.
+
+  1. building a chain of 10,000 adds: the Pythonic API (t = t + y) vs the raw cffi binding
+     (lib.ggml_add in a loop), per node;
+  2. computing a 1024x1024x1024 f32 matmul and a 10,000-node elementwise chain through
+     ggml_py vs benchmarks/native_graph.c running the same graph on the same libraries.
+
+    python benchmarks/bench_graph.py [--device CPU] [--size 1024] [--nodes 10000]
+
+ggml-python 0.0.45 (the old ctypes binding) is not compared: its wheel builds its own ggml
+from source at install time, and it pins ggml 0.0.x, whose API differs from ours.
+"""
+import argparse
+import time
+
+import numpy as np
+
+import ggml_py as gg
+from ggml_py import ffi, lib
+from _common import best, run_native
+
+
+def build_pythonic(n):
+    with gg.Context() as ctx:
+        x = ctx.tensor(gg.f32, (4096,))
+        y = ctx.tensor(gg.f32, (4096,))
+        t0 = time.perf_counter()
+        t = x
+        for _ in range(n):
+            t = t + y
+        return time.perf_counter() - t0
+
+
+def build_raw(n):
+    p = ffi.new("struct ggml_init_params *", {"mem_size": int(lib.ggml_tensor_overhead()) * (n + 8),
+                                              "mem_buffer": ffi.NULL, "no_alloc": True})
+    ctx = lib.ggml_init(p[0])
+    try:
+        x = lib.ggml_new_tensor_1d(ctx, lib.GGML_TYPE_F32, 4096)
+        y = lib.ggml_new_tensor_1d(ctx, lib.GGML_TYPE_F32, 4096)
+        t0 = time.perf_counter()
+        t = x
+        for _ in range(n):
+            t = lib.ggml_add(ctx, t, y)
+        return time.perf_counter() - t0
+    finally:
+        lib.ggml_free(ctx)
+
+
+def compute_py(dev, test, size, reps, wtype="f32"):
+    rng = np.random.default_rng(0)
+    with dev.backend() as be, gg.Context() as ctx:
+        if test == "matmul":
+            a = ctx.tensor(gg.TYPES[wtype], (size, size))
+            b = ctx.tensor(gg.f32, (size, size))
+            ctx.alloc(be)
+            a.set(rng.standard_normal((size, size), dtype=np.float32).astype(a.dtype or np.float32))
+            b.set(rng.standard_normal((size, size), dtype=np.float32))
+            out = gg.mul_mat(a, b)
+        else:
+            x = ctx.tensor(gg.f32, (4096,))
+            y = ctx.tensor(gg.f32, (4096,))
+            ctx.alloc(be)
+            x.set(np.ones(4096, np.float32))
+            y.set(np.ones(4096, np.float32))
+            out = x
+            for _ in range(size):
+                out = out + y
+        g = gg.Graph(out)
+        for _ in range(2):
+            be.compute(g)
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            be.compute(g)
+            times.append(time.perf_counter() - t)
+        threads = be.n_threads or 1
+    return min(times), sum(times) / len(times), threads
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="CPU")
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--nodes", type=int, default=10000)
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    dev = gg.device(args.device)
+    print(f"ggml {gg.ggml_version()} on {dev.name} ({dev.description})")
+
+    n = args.nodes
+    py = min(build_pythonic(n) for _ in range(3))
+    raw = min(build_raw(n) for _ in range(3))
+    print(f"build {n} adds: ggml_py {py / n * 1e6:.2f} us/node, raw cffi {raw / n * 1e6:.2f} us/node "
+          f"({py / raw:.2f}x)")
+
+    for test, size in (("matmul", args.size), ("chain", n)):
+        pb, pm, threads = compute_py(dev, test, size, args.reps)
+        nb, nm = run_native(gg.BUILD_DIR, dev.name, test, size, args.reps, threads)
+        what = f"{size}^3 f32 matmul" if test == "matmul" else f"{size}-node add chain"
+        extra = f", {2 * size ** 3 / pb / 1e9:.1f} GFLOP/s" if test == "matmul" else ""
+        print(f"compute {what}: ggml_py {pb * 1e3:.3f} ms (mean {pm * 1e3:.3f}), native "
+              f"{nb * 1e3:.3f} ms (mean {nm * 1e3:.3f}): {pb / nb:.3f}x best, {pm / nm:.3f}x mean"
+              f"{extra}")
+
+
+if __name__ == "__main__":
+    main()
