@@ -129,6 +129,9 @@ def mul_mat(a, b):
     require(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0,
             f"mul_mat: b's batch dims {b.ne[2:]} must be multiples of a's {a.ne[2:]}")
     require(not lib.ggml_is_transposed(a.ptr), "mul_mat: a must not be transposed; use gg.cont(a)")
+    # f64/integer weights: ggml's CPU backend claims support, then has no dot product for them
+    require(a.type.name in FLOAT or a.type.block_size > 1,
+            f"mul_mat: a must be f32/f16/bf16 or quantized, got {a.type.name}", InvalidType)
     require(b.type.name in FLOAT, f"mul_mat: b must be a float tensor, got {b.type.name}", InvalidType)
     return _out(lib.ggml_mul_mat(_ctx(a), a.ptr, b.ptr), b, max(a.ndim, b.ndim, 2))
 
@@ -136,6 +139,9 @@ def mul_mat(a, b):
 def out_prod(a, b):
     """ggml_out_prod: result ne = [a.ne0, b.ne0, b.ne2, b.ne3]."""
     a, b = _t(a), _t(b)
+    require(a.type.name in FLOAT or a.type.block_size > 1,
+            f"out_prod: a must be f32/f16/bf16 or quantized, got {a.type.name}", InvalidType)
+    require(b.type.name == "f32", f"out_prod: b must be f32, got {b.type.name}", InvalidType)
     require(a.ne[1] == b.ne[1], f"out_prod: a.ne1={a.ne[1]} != b.ne1={b.ne[1]}")
     require(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0,
             "out_prod: b's batch dims must be multiples of a's")

@@ -290,6 +290,8 @@ BAD = {
     "scheduler without cpu last": lambda c: gg.Scheduler([c["be"], c["rb"]]),
     "matmul batch shapes": lambda c: c["img"] @ c["heads"],
     "mul_mat int operand": lambda c: gg.mul_mat(c["a"], c["i"]),
+    "mul_mat f64 weights": lambda c: gg.mul_mat(c["d"], c["a"]),     # ggml's CPU would segfault
+    "matmul f64 operand": lambda c: c["a"] @ c["d"].T,
     "cpy element count": lambda c: gg.cpy(c["a"], c["c"]),
     "view negative offset": lambda c: c["a"].view((4,), offset=-4),
     "argmax of 4-D": lambda c: gg.argmax(c["img"]),
@@ -327,6 +329,7 @@ def test_bad_graph_input_raises(cpu, rpc_devs, case):
     c = dict(be=be, rb=rb, a=ctx.tensor(gg.f32, (4, 8)), c=ctx.tensor(gg.f32, (3, 5)),
              h=ctx.tensor(gg.f16, (4, 8)), sq=ctx.tensor(gg.f32, (8, 8)),
              i=ctx.tensor(gg.i32, (4, 8)), u=uctx.tensor(gg.f32, (4,)), z=zctx.tensor(gg.f32, (4,)),
+             d=ctx.tensor(gg.f64, (4, 8)),
              img=ctx.tensor(gg.f32, (1, 4, 8, 8)), heads=ctx.tensor(gg.f32, (1, 6, 2, 8)),
              pos=ctx.tensor(gg.i32, (6,)), idx=ctx.tensor(gg.i32, (3,)),
              ker3=ctx.tensor(gg.f32, (2, 3, 3, 3)), ker4=ctx.tensor(gg.f32, (2, 4, 3, 3)),
