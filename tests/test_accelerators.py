@@ -1,0 +1,169 @@
+"""Local accelerators (CUDA, Vulkan, Metal: whatever this build and machine have): enumeration,
+two backends of one device ordered by events, async round trips, copies to and from the CPU,
+the scheduler splitting a graph between the device and the CPU, ops against the CPU.
+Everything here skips on a machine with no such device (CI runs CPU and RPC only)."""
+import numpy as np
+import pytest
+
+import ggml_py as gg
+from conftest import nmse
+
+ACCEL = [d.name for d in gg.devices()
+         if d.type in ("gpu", "igpu") and not d.registry.name.startswith("RPC")]
+pytestmark = pytest.mark.skipif(not ACCEL, reason="no GPU device in this build/machine")
+
+
+@pytest.fixture(params=ACCEL or ["none"])
+def accel(request):
+    return gg.device(request.param)
+
+
+def _on(be, x, ctx=None):
+    ctx = ctx or gg.Context()
+    t = ctx.from_numpy(x)
+    ctx.alloc(be)
+    return ctx, t
+
+
+def test_enumeration_and_buffer_types(accel):
+    assert accel.caps.async_ and accel.caps.events
+    names = [b.name for b in accel.buffer_types]
+    assert names[0] == accel.buffer_type.name and not accel.buffer_type.is_host
+    if accel.caps.host_buffer:
+        host = accel.host_buffer_type
+        assert host.is_host and host.name in names
+        buf = host.alloc(1 << 20)
+        assert buf.is_host and buf.size >= 1 << 20
+        buf.close()
+    buf = accel.buffer_type.alloc(1 << 20)
+    assert buf.size >= 1 << 20 and not buf.is_host
+    buf.close()
+    free, total = accel.memory
+    assert 0 < free <= total
+
+
+def test_two_backends_of_one_device_ordered_by_events(accel, rng):
+    """Compute on backend 0, record; backend 1 waits and copies (the copy is queued on the
+    destination); synchronize the destination, then read."""
+    x = rng.standard_normal((256, 256)).astype(np.float32)
+    with accel.backend() as b0, accel.backend() as b1, gg.Context() as ctx:
+        a = ctx.from_numpy(x)
+        dst = ctx.tensor(gg.f32, x.shape)
+        ctx.alloc(b0)
+        b0.set_async(a, x)
+        out = gg.relu(a) * 2.0
+        b0.compute_async(gg.Graph(out))
+        with accel.event() as ev:
+            ev.record(b0)
+            b1.wait(ev)
+            gg.copy_async(out, dst, b0, b1)
+            b1.synchronize()
+        b0.synchronize()
+        assert np.array_equal(dst.numpy(), np.maximum(x, 0) * 2)
+
+
+def test_async_set_get_round_trip(accel, rng):
+    x = rng.standard_normal(1 << 20).astype(np.float32)
+    y = np.empty_like(x)
+    with accel.backend() as be:
+        ctx, t = _on(be, x)
+        be.set_async(t, x)
+        be.get_async(t, y)
+        be.synchronize()
+        assert np.array_equal(x, y)
+        ctx.close()
+
+
+@pytest.mark.parametrize("direction", ["cpu->device", "device->cpu"])
+def test_copy_async_between_cpu_and_device(accel, cpu, rng, direction):
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    with accel.backend() as gb, cpu.backend() as cb:
+        (sb, db) = (cb, gb) if direction == "cpu->device" else (gb, cb)
+        cs, s = _on(sb, x)
+        cd, d = _on(db, x)
+        s.set(x)
+        gg.copy_async(s, d, sb, db)
+        db.synchronize()
+        assert np.array_equal(d.numpy(), x)
+        cs.close()
+        cd.close()
+
+
+def test_scheduler_splits_between_device_and_cpu(accel, cpu, rng):
+    x = rng.standard_normal((32, 128)).astype(np.float32)
+    w = [(rng.standard_normal((128, 128)) / 12).astype(np.float32) for _ in range(4)]
+    results = {}
+    for mode in ("cpu", "split"):
+        bes = [accel.backend(), cpu.backend()] if mode == "split" else [cpu.backend()]
+        ctx_d, ctx_c = gg.Context(), gg.Context()
+        # even layers' weights on the device, odd ones on the CPU
+        ws = [(ctx_d if mode == "split" and i % 2 == 0 else ctx_c).from_numpy(wi)
+              for i, wi in enumerate(w)]
+        xin = ctx_c.from_numpy(x)
+        if mode == "split":
+            ctx_d.alloc(bes[0])
+        ctx_c.alloc(bes[-1])
+        for t, wi in zip(ws, w):
+            t.set(wi)
+        xin.set(x)
+        h = xin
+        for t in ws:
+            h = gg.tanh(h @ t)
+        with gg.Scheduler(bes) as sched:
+            sched.compute(gg.Graph(h))
+            results[mode] = h.numpy(copy=True)
+            if mode == "split":
+                assert sched.n_splits >= 2 and sched.n_copies >= 1
+        ctx_d.close()
+        ctx_c.close()
+        for b in bes:
+            b.close()
+    assert nmse(results["split"], results["cpu"]) < 5e-4
+
+
+def _rope_inputs(rng):
+    return (rng.standard_normal((1, 6, 4, 64)).astype(np.float32), np.arange(6, dtype=np.int32))
+
+
+CASES = {
+    # name: (inputs(rng), build, threshold): test-backend-ops' thresholds, device vs CPU
+    "mul_mat f32": (lambda r: (r.standard_normal((96, 64)).astype(np.float32),
+                               r.standard_normal((80, 64)).astype(np.float32)), gg.mul_mat, 5e-4),
+    "mul_mat f16": (lambda r: (r.standard_normal((96, 64)).astype(np.float16),
+                               r.standard_normal((80, 64)).astype(np.float32)), gg.mul_mat, 5e-4),
+    "add": (lambda r: (r.standard_normal((4, 33)).astype(np.float32),) * 2, gg.add, 1e-7),
+    "soft_max": (lambda r: (r.standard_normal((8, 100)).astype(np.float32),), gg.soft_max, 1e-6),
+    "rms_norm": (lambda r: (r.standard_normal((8, 100)).astype(np.float32),), gg.rms_norm, 1e-7),
+    "silu": (lambda r: (r.standard_normal((8, 100)).astype(np.float32),), gg.silu, 1e-7),
+    "rope_ext": (_rope_inputs, lambda a, p: gg.rope_ext(a, p, mode=gg.ROPE_NEOX), 1e-7),
+    "argsort": (lambda r: (r.standard_normal((4, 64)).astype(np.float32),), gg.argsort, 0),
+    "flash_attn_ext": (lambda r: (r.standard_normal((1, 4, 8, 64)).astype(np.float32),
+                                  r.standard_normal((1, 4, 32, 64)).astype(np.float16),
+                                  r.standard_normal((1, 4, 32, 64)).astype(np.float16)),
+                       lambda q, k, v: gg.flash_attn_ext(q, k, v, scale=0.125), 5e-4),
+}
+
+
+def _compute(dev, inputs, build):
+    with dev.backend() as be, gg.Context() as ctx:
+        ts = [ctx.from_numpy(x) for x in inputs]
+        ctx.alloc(be)
+        for t, x in zip(ts, inputs):
+            t.set(x)
+        out = build(*ts)
+        if not be.supports_op(out):
+            pytest.skip(f"{dev.name} does not support this op")
+        be.compute(gg.Graph(out))
+        return out.numpy(copy=True)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ops_match_the_cpu(accel, cpu, case):
+    make, build, threshold = CASES[case]
+    inputs = make(np.random.default_rng(5))
+    got, ref = _compute(accel, inputs, build), _compute(cpu, inputs, build)
+    assert got.shape == ref.shape
+    if threshold == 0:
+        assert np.array_equal(got, ref)
+    else:
+        assert nmse(got, ref) < threshold
