@@ -2,7 +2,9 @@
 
   1. mul_mat, f16 and f32 weights, N x N x N for N in 4096 and 8192: ggml_py vs upstream's
      test-backend-ops `perf` (built from the same tree with build_ggml.py --with-tests, fed
-     the same shapes through --test-file) vs torch.matmul: TFLOP/s and ratios;
+     the same shapes through --test-file) vs torch.matmul: TFLOP/s and ratios. ggml's CUDA
+     f32 mul_mat runs on tensor cores at reduced precision, so its f32 row is also set
+     against torch with TF32 allowed;
   2. device-to-device copy_async (two backends of CUDA0) vs torch's copy of the same bytes;
   3. Python-side cost of one compute of a small graph (100 tiny adds) vs the native program.
 
@@ -60,8 +62,9 @@ def perf_matmul(exe, dev, n, wtype):
     return float(m.group(1)) * 1e-6 if m else None
 
 
-def torch_matmul(n, wtype, reps):
+def torch_matmul(n, wtype, reps, tf32=False):
     import torch
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     dt = {"f32": torch.float32, "f16": torch.float16}[wtype]
     a = torch.randn(n, n, device="cuda", dtype=dt)
     b = torch.randn(n, n, device="cuda", dtype=dt)
@@ -142,6 +145,9 @@ def main():
             line = (f"mul_mat {wtype} {n}^3: ggml_py {tflops(n, ours):.1f} TFLOP/s, "
                     f"torch.matmul ({wtype} x {wtype}) {tflops(n, torch_t):.1f} "
                     f"({torch_t / ours:.2f}x of torch's speed)")
+            if wtype == "f32":
+                tf = torch_matmul(n, wtype, args.reps, tf32=True)
+                line += f", torch TF32 {tflops(n, tf):.1f} ({tf / ours:.2f}x)"
             if perf:
                 line += f", test-backend-ops {tflops(n, perf):.1f} ({perf / ours:.3f}x of native's speed)"
             print(line, flush=True)

@@ -27,7 +27,7 @@ if(GGML_PY_TEST_BACKEND_OPS)
   add_executable(test-backend-ops EXCLUDE_FROM_ALL "${GGML_PY_TEST_BACKEND_OPS}")
   target_link_libraries(test-backend-ops PRIVATE ggml)
   target_compile_features(test-backend-ops PRIVATE cxx_std_17)
-  set_target_properties(test-backend-ops PROPERTIES BUILD_RPATH "\$ORIGIN/.." INSTALL_RPATH "\$ORIGIN/..")
+  set_target_properties(test-backend-ops PROPERTIES BUILD_RPATH "\\$ORIGIN/.." INSTALL_RPATH "\\$ORIGIN/..")
 endif()
 """
 

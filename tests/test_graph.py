@@ -166,6 +166,8 @@ def test_op_matches_numpy(dev, op):
         for t, x in zip(ts, inputs):
             t.set(np.ascontiguousarray(x))
         out = build(*ts)
+        if dev.type != "cpu" and dev.registry.name != "RPC" and not be.supports_op(out):
+            pytest.skip(f"{dev.name} does not support this case (as test-backend-ops reports)")
         be.compute(gg.Graph(out))
         got = out.numpy(copy=True)
     if op == "top_k":       # indices in no particular order: compare the values they pick

@@ -8,7 +8,7 @@ def test_registries_and_devices_enumerate():
     regs = gg.registries()
     assert {"CPU", "RPC"} <= {r.name for r in regs}
     devs = gg.devices()
-    assert devs[0].name == "CPU"
+    assert "CPU" in [d.name for d in devs]          # ggml lists accelerators first (CUDA0...)
     assert sum(len(r.devices) for r in regs) == len(devs)
 
 
@@ -41,7 +41,8 @@ def test_rpc_devices_have_events_and_async(rpc_devs):
 
 
 def test_lookup_by_name_index_and_type(rpc_devs):
-    assert gg.device("CPU") is gg.device(0) is gg.device(type="cpu")
+    assert gg.device("CPU") is gg.device(type="cpu")
+    assert gg.device(0) is gg.devices()[0]
     assert gg.device("cpu") is gg.device("CPU")
     assert gg.device("RPC1") is rpc_devs[1]
 
