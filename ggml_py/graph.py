@@ -76,6 +76,60 @@ class Graph:
                 f.write(text)
         return text
 
+    def to_svg(self) -> str:
+        """The graph as an SVG picture, drawn here (no Graphviz needed): inputs at the top,
+        each node one row below its lowest source. Jupyter shows a Graph as this picture."""
+        entries = list(_walk(self))
+        key = lambda p: int(ffi.cast("uintptr_t", p))   # noqa: E731
+        depth, label = {}, {}
+        for t, is_node in entries[::-1]:                 # leafs first
+            if not is_node:
+                depth[key(t)] = 0
+        for t, is_node in entries:                       # nodes come in dependency order
+            if is_node:
+                srcs = [key(s) for s in t.src if s != ffi.NULL]
+                depth[key(t)] = 1 + max((depth.get(k, 0) for k in srcs), default=0)
+        rows: dict[int, list] = {}
+        for t, is_node in entries:
+            k = key(t)
+            rows.setdefault(depth[k], []).append(t)
+            shape = "x".join(str(int(n)) for n in reversed(list(t.ne)[:max(1, int(lib.ggml_n_dims(t)))]))
+            top = cstr(lib.ggml_op_desc(t)) if is_node else (cstr(t.name) or "input")
+            label[k] = (top, f"{cstr(lib.ggml_type_name(t.type))} [{shape}]", is_node)
+        bw, bh, gx, gy = 150, 38, 24, 40
+        width = max(len(r) for r in rows.values()) * (bw + gx) + gx
+        height = len(rows) * (bh + gy) + gy
+        pos = {}
+        for d, row in rows.items():
+            x0 = (width - len(row) * (bw + gx) + gx) / 2
+            for i, t in enumerate(row):
+                pos[key(t)] = (x0 + i * (bw + gx), gy + d * (bh + gy))
+        esc = lambda s: s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")  # noqa: E731
+        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+               'font-family="monospace" font-size="11">']
+        for t, is_node in entries:
+            if not is_node:
+                continue
+            x, y = pos[key(t)]
+            for s in t.src:
+                if s != ffi.NULL and key(s) in pos:
+                    sx, sy = pos[key(s)]
+                    out.append(f'<line x1="{sx + bw / 2:.0f}" y1="{sy + bh:.0f}" x2="{x + bw / 2:.0f}" '
+                               f'y2="{y:.0f}" stroke="#888"/>')
+        for k, (x, y) in pos.items():
+            top, bottom, is_node = label[k]
+            fill = "#dbe9ff" if is_node else "#e8f5d8"
+            out.append(f'<rect x="{x:.0f}" y="{y:.0f}" width="{bw}" height="{bh}" rx="5" '
+                       f'fill="{fill}" stroke="#446"/>')
+            out.append(f'<text x="{x + bw / 2:.0f}" y="{y + 15:.0f}" text-anchor="middle">{esc(top[:22])}</text>')
+            out.append(f'<text x="{x + bw / 2:.0f}" y="{y + 30:.0f}" text-anchor="middle" '
+                       f'fill="#555">{esc(bottom[:24])}</text>')
+        out.append("</svg>")
+        return "\n".join(out)
+
+    def _repr_svg_(self) -> str:
+        return self.to_svg()
+
     def __repr__(self):
         return f"<Graph nodes={self.n_nodes} outputs={len(self.outputs)}>"
 

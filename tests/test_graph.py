@@ -208,6 +208,9 @@ def test_graph_nodes_leafs_and_dot(cpu):
         g = gg.Graph(out)
         assert g.n_nodes == 2 and [t.name for t in g.leafs] == ["a"]
         assert "digraph" in g.to_dot()
+        svg = g.to_svg()
+        assert svg.startswith("<svg") and svg.count("<rect") == g.n_nodes + len(g.leafs)
+        assert "RELU" in svg and ">a<" in svg
 
 
 def test_context_grows_past_its_capacity(cpu):

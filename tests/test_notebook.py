@@ -15,3 +15,6 @@ def test_quickstart_notebook_executes():
                             resources={"metadata": {"path": str(NB.parent)}}).execute()
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "bytes identical: True" in text and "RPC0" in text
+    pictures = [o["data"]["image/svg+xml"] for c in nb.cells if c.cell_type == "code"
+                for o in c.outputs if "image/svg+xml" in o.get("data", {})]
+    assert len(pictures) == 1 and "SOFT_MAX" in pictures[0] and "MUL_MAT" in pictures[0]
