@@ -96,6 +96,11 @@ def run(args) -> Path:
     out = args.lib_root / name
     build = BUILD_ROOT / name
     cfg = flags.cmake_flags(backends, plat, native=args.native, cuda_arch=args.cuda_arch)
+    if "vulkan" in backends:
+        from ggml_build import vulkan
+        inc = vulkan.include_dir()           # BuildError naming what to install
+        if inc != Path("/usr/include"):
+            cfg["Vulkan_INCLUDE_DIR"] = str(inc)
     if args.with_tests:
         tests = pins.test_backend_ops(tree) if args.source is None else \
             next(iter(sorted(tree.parent.glob("tests/test-backend-ops.cpp")) +

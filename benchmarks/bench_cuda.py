@@ -21,6 +21,7 @@ import numpy as np
 
 import ggml_py as gg
 from _common import run_native
+from bench_graph import compute_py
 
 
 def tflops(n, seconds):
@@ -105,24 +106,8 @@ def copy_bandwidth(dev, nbytes, reps):
 
 
 def small_graph(dev, nodes, reps):
-    with dev.backend() as be, gg.Context() as ctx:
-        x = ctx.tensor(gg.f32, (4096,))
-        y = ctx.tensor(gg.f32, (4096,))
-        ctx.alloc(be)
-        x.set(np.ones(4096, np.float32))
-        y.set(np.ones(4096, np.float32))
-        out = x
-        for _ in range(nodes):
-            out = out + y
-        g = gg.Graph(out)
-        be.compute(g)
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            be.compute(g)
-            times.append(time.perf_counter() - t)
-    nb, nm = run_native(gg.BUILD_DIR, dev.name, "chain", nodes, reps, 1)
-    pb = min(times)
+    pb, _, _ = compute_py(dev, "chain", nodes, reps)
+    nb, _ = run_native(gg.BUILD_DIR, dev.name, "chain", nodes, reps, 1)
     print(f"compute of a {nodes}-add graph on {dev.name}: ggml_py {pb * 1e6:.1f} us, native "
           f"{nb * 1e6:.1f} us: {pb / nb:.3f}x, Python-side cost {(pb - nb) * 1e6:.1f} us per compute")
 

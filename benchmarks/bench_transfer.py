@@ -8,15 +8,7 @@ import time
 import numpy as np
 
 import ggml_py as gg
-
-
-def best(fn, repeat=5):
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+from _common import best
 
 
 def main():

@@ -64,6 +64,9 @@ def load():
         raise ImportError(f"ggml_py: no ggml build in {folder}. Build one with: {hint}")
     info = json.loads(info_path.read_text())
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # ggml's abort handler would spawn gdb
+    if "vulkan" in info.get("backends", []):
+        from ._vulkan import expose_software_devices
+        expose_software_devices()                      # before ggml reads the variable
     if info["bindings"] == "api":
         found = sorted(folder.glob(f"{MODULE}.*so")) + sorted(folder.glob(f"{MODULE}.*pyd"))
         if not found:

@@ -44,6 +44,9 @@ class Caps(NamedTuple):
     events: bool
 
 
+_CAPS: dict[int, Caps] = {}    # device handle -> caps (devices live as long as the process)
+
+
 class Registry(Borrowed):
     """A backend registry (CPU, RPC, CUDA, Metal, Vulkan...). Borrowed from ggml."""
 
@@ -122,12 +125,17 @@ class Device(Borrowed):
 
     @property
     def caps(self) -> Caps:
-        props = ffi.new("struct ggml_backend_dev_props *")
-        ensure_alive(self.ptr)
-        lib.ggml_backend_dev_get_props(self.ptr, props)
-        c = props.caps
-        return Caps(bool(getattr(c, "async")), bool(c.host_buffer),
-                    bool(c.buffer_from_host_ptr), bool(c.events))
+        """What the device can do; fixed for a device, so asked once (for an RPC device,
+        ggml's props query is a round trip to the server)."""
+        key = int(ffi.cast("uintptr_t", self.ptr))
+        if key not in _CAPS:
+            props = ffi.new("struct ggml_backend_dev_props *")
+            ensure_alive(self.ptr)
+            lib.ggml_backend_dev_get_props(self.ptr, props)
+            c = props.caps
+            _CAPS[key] = Caps(bool(getattr(c, "async")), bool(c.host_buffer),
+                              bool(c.buffer_from_host_ptr), bool(c.events))
+        return _CAPS[key]
 
     @property
     def device_id(self) -> str | None:
@@ -267,32 +275,61 @@ def rpc_endpoint(dev_ptr) -> str | None:
     return desc if host and port.isdigit() else None
 
 
+_SOCKETS: dict[tuple[str, int], tuple[str, str]] = {}   # (host, port) -> (fd, "socket:[inode]")
+
+
+def _tcp_state(fd: str, addrs: set, port: int) -> int | None:
+    """TCP state of descriptor `fd` if it is a TCP connection to one of `addrs`:`port`."""
+    import socket
+    with socket.socket(fileno=os.dup(int(fd))) as s:       # a duplicate: ggml's stays open
+        if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        peer = s.getpeername()
+        if peer[1] != port or (peer[0] not in addrs and peer[0].removeprefix("::ffff:") not in addrs):
+            return None
+        return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+
+
 def _connection_states(host: str, port: int) -> set[int] | None:
     """TCP states of this process's connections to host:port (Linux: each socket descriptor's
     peer and ``TCP_INFO``); None where that cannot be read. 1 is ESTABLISHED; a server that
-    died leaves 8 (CLOSE_WAIT) or no connection at all."""
+    died leaves 8 (CLOSE_WAIT) or no connection at all. The descriptor found last time is
+    tried first (a few microseconds instead of a scan of every descriptor)."""
     import socket
     if not sys.platform.startswith("linux"):
         return None
     try:
         addrs = {ai[4][0] for ai in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        return None
+    known = _SOCKETS.get((host, port))
+    if known is not None:
+        fd, link = known
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == link:
+                state = _tcp_state(fd, addrs, port)
+                if state is not None:
+                    return {state}
+        except OSError:
+            pass
+        del _SOCKETS[(host, port)]
+    try:
         fds = os.listdir("/proc/self/fd")
     except OSError:
         return None
     states = set()
     for fd in fds:
         try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if not link.startswith("socket:"):
                 continue
-            with socket.socket(fileno=os.dup(int(fd))) as s:    # a duplicate: ggml's stays open
-                if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
-                    continue
-                peer = s.getpeername()
-                if peer[1] != port or (peer[0] not in addrs and peer[0].removeprefix("::ffff:") not in addrs):
-                    continue
-                states.add(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0])
+            state = _tcp_state(fd, addrs, port)
         except OSError:
             continue
+        if state is not None:
+            states.add(state)
+            if state == 1:
+                _SOCKETS[(host, port)] = (fd, link)
     return states
 
 

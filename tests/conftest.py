@@ -60,3 +60,33 @@ def nmse(got, ref) -> float:
     ref = np.asarray(ref, dtype=np.float64)
     den = np.sum(ref * ref)
     return float(np.sum((got - ref) ** 2) / (den if den else 1.0))
+
+
+class LayerStack:
+    """tanh(x @ W_i) layers with layer i's weights in a buffer of ``weight_backends[i]`` and
+    the input on ``input_backend``: a graph a scheduler splits where the weights live.
+    ``ref`` is numpy's result; ``close()`` frees the contexts (not the backends)."""
+
+    def __init__(self, weight_backends, input_backend, rng, rows=8, width=32):
+        self.x = rng.standard_normal((rows, width)).astype(np.float32)
+        self.w = [(rng.standard_normal((width, width)) / 6).astype(np.float32)
+                  for _ in weight_backends]
+        self.ref = self.x
+        for wi in self.w:
+            self.ref = np.tanh(self.ref @ wi)
+        self.ctxs = [gg.Context() for _ in weight_backends] + [gg.Context()]
+        ws = [c.from_numpy(wi) for c, wi in zip(self.ctxs, self.w)]
+        xin = self.ctxs[-1].from_numpy(self.x)
+        for c, b in zip(self.ctxs, list(weight_backends) + [input_backend]):
+            c.alloc(b)
+        for t, wi in zip(ws, self.w):
+            t.set(wi)
+        xin.set(self.x)
+        h = xin
+        for t in ws:
+            h = gg.tanh(h @ t)
+        self.out = h
+
+    def close(self):
+        for c in self.ctxs:
+            c.close()

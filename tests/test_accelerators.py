@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import nmse
+from conftest import LayerStack, nmse
 
 ACCEL = [d.name for d in gg.devices()
          if d.type in ("gpu", "igpu") and not d.registry.name.startswith("RPC")]
@@ -89,35 +89,21 @@ def test_copy_async_between_cpu_and_device(accel, cpu, rng, direction):
         cd.close()
 
 
-def test_scheduler_splits_between_device_and_cpu(accel, cpu, rng):
-    x = rng.standard_normal((32, 128)).astype(np.float32)
-    w = [(rng.standard_normal((128, 128)) / 12).astype(np.float32) for _ in range(4)]
+def test_scheduler_splits_between_device_and_cpu(accel, cpu):
+    """Layers alternate between the device and the CPU; the result equals the CPU alone's."""
     results = {}
     for mode in ("cpu", "split"):
-        bes = [accel.backend(), cpu.backend()] if mode == "split" else [cpu.backend()]
-        ctx_d, ctx_c = gg.Context(), gg.Context()
-        # even layers' weights on the device, odd ones on the CPU
-        ws = [(ctx_d if mode == "split" and i % 2 == 0 else ctx_c).from_numpy(wi)
-              for i, wi in enumerate(w)]
-        xin = ctx_c.from_numpy(x)
-        if mode == "split":
-            ctx_d.alloc(bes[0])
-        ctx_c.alloc(bes[-1])
-        for t, wi in zip(ws, w):
-            t.set(wi)
-        xin.set(x)
-        h = xin
-        for t in ws:
-            h = gg.tanh(h @ t)
-        with gg.Scheduler(bes) as sched:
-            sched.compute(gg.Graph(h))
-            results[mode] = h.numpy(copy=True)
+        dev_be, cpu_be = accel.backend(), cpu.backend()
+        homes = [dev_be, cpu_be] * 2 if mode == "split" else [cpu_be] * 4
+        stack = LayerStack(homes, cpu_be, np.random.default_rng(3), rows=32, width=128)
+        with gg.Scheduler([dev_be, cpu_be]) as sched:
+            sched.compute(gg.Graph(stack.out))
+            results[mode] = stack.out.numpy(copy=True)
             if mode == "split":
                 assert sched.n_splits >= 2 and sched.n_copies >= 1
-        ctx_d.close()
-        ctx_c.close()
-        for b in bes:
-            b.close()
+        stack.close()
+        dev_be.close()
+        cpu_be.close()
     assert nmse(results["split"], results["cpu"]) < 5e-4
 
 

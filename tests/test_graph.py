@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import nmse
+from conftest import LayerStack, nmse
 
 T_DEFAULT, T_MATMUL, T_SOFTMAX = 1e-7, 5e-4, 1e-6
 
@@ -226,32 +226,15 @@ def test_context_grows_past_its_capacity(cpu):
 
 
 def test_scheduler_splits_across_cpu_and_two_rpc_devices(cpu, rpc_devs, rng):
-    x = rng.standard_normal((8, 32)).astype(np.float32)
-    w = [rng.standard_normal((32, 32)).astype(np.float32) / 6 for _ in range(3)]
-    ref = x
-    for wi in w:
-        ref = np.tanh(ref @ wi)
     bes = [rpc_devs[0].backend(), rpc_devs[1].backend(), cpu.backend()]
-    ctxs = [gg.Context() for _ in bes]
-    ws = [c.from_numpy(wi) for c, wi in zip(ctxs, w)]   # layer i's weights on backend i
-    xin = ctxs[2].from_numpy(x)
-    for c, b in zip(ctxs, bes):
-        c.alloc(b)
-    for t, wi in zip(ws, w):
-        t.set(wi)
-    xin.set(x)
-    h = xin
-    for t in ws:
-        h = gg.tanh(h @ t)
+    stack = LayerStack(bes, bes[2], rng)          # layer i's weights on backend i
     with gg.Scheduler(bes) as sched:
-        g = gg.Graph(h)
-        sched.compute(g)
+        sched.compute(gg.Graph(stack.out))
         assert sched.n_splits >= 2
-        assert nmse(h.numpy(copy=True), ref) < T_MATMUL
+        assert nmse(stack.out.numpy(copy=True), stack.ref) < T_MATMUL
     with pytest.raises(gg.InvalidArgument, match="no memory"):
-        h.numpy()          # its memory went with the scheduler: it says so, no dangling read
-    for c in ctxs:
-        c.close()
+        stack.out.numpy()  # its memory went with the scheduler: it says so, no dangling read
+    stack.close()
     for b in bes:
         b.close()
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import nmse
+from conftest import LayerStack, nmse
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -310,28 +310,12 @@ def test_graph_scheduled_across_cpu_and_two_namespaced_hosts(namespaced_servers,
     with pytest.raises(ConnectionError):
         gg.rpc.hello(f"127.0.0.1:{a_ep.split(':')[1]}", timeout=1)
     devs = [gg.rpc.connect(ep).devices[0] for ep in (a_ep, b_ep)]
-    x = rng.standard_normal((8, 32)).astype(np.float32)
-    w = [rng.standard_normal((32, 32)).astype(np.float32) / 6 for _ in range(3)]
-    ref = x
-    for wi in w:
-        ref = np.tanh(ref @ wi)
     bes = [devs[0].backend(), devs[1].backend(), cpu.backend()]
-    ctxs = [gg.Context() for _ in bes]
-    ws = [c.from_numpy(wi) for c, wi in zip(ctxs, w)]
-    xin = ctxs[2].from_numpy(x)
-    for c, b in zip(ctxs, bes):
-        c.alloc(b)
-    for t, wi in zip(ws, w):
-        t.set(wi)
-    xin.set(x)
-    h = xin
-    for t in ws:
-        h = gg.tanh(h @ t)
+    stack = LayerStack(bes, bes[2], rng)          # host A, host B, then the local CPU
     with gg.Scheduler(bes) as sched:
-        sched.compute(gg.Graph(h))
+        sched.compute(gg.Graph(stack.out))
         assert sched.n_splits >= 3
-        assert nmse(h.numpy(copy=True), ref) < 5e-4
-    for c in ctxs:
-        c.close()
+        assert nmse(stack.out.numpy(copy=True), stack.ref) < 5e-4
+    stack.close()
     for b in bes:
         b.close()
