@@ -138,7 +138,27 @@ class Buffer(Owned):
         """Set every byte of the buffer to `value` (0..255)."""
         require(isinstance(value, (int, np.integer)) and 0 <= value <= 255,
                 f"clear value must be a byte (0..255), got {value!r}")
+        ensure_alive(self._dev)
+        if value and self._dev is not None and \
+                cstr(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(self._dev))) == "Vulkan":
+            # ggml-vulkan (0.25.3) hands the byte to vkCmdFillBuffer as a 32-bit word, so each
+            # word becomes (value, 0, 0, 0); write the bytes through a tensor over the buffer
+            self._fill_bytes(int(value))
+            return
         lib.ggml_backend_buffer_clear(self.ptr, int(value))
+
+    def _fill_bytes(self, value: int) -> None:
+        raw = lib.ggml_init({"mem_size": int(lib.ggml_tensor_overhead()) * 2,
+                             "mem_buffer": ffi.NULL, "no_alloc": True})
+        try:
+            t = lib.ggml_new_tensor_1d(raw, lib.GGML_TYPE_I8, self.size)
+            base = lib.ggml_backend_buffer_get_base(self.ptr)
+            if lib.ggml_backend_tensor_alloc(self.ptr, t, base) != 0:
+                raise GGMLError("could not place a tensor over the buffer to fill it")
+            data = np.full(self.size, value, np.uint8)
+            lib.ggml_backend_tensor_set(t, ffi.from_buffer("void *", data), 0, self.size)
+        finally:
+            lib.ggml_free(raw)
 
     def __repr__(self):
         if self.closed:
