@@ -17,6 +17,7 @@ from .errors import GGMLError, InvalidArgument, check, require
 from .graph import Graph, _walk
 
 MAX_BACKENDS = 16  # GGML_SCHED_MAX_BACKENDS (a private define of ggml-backend.cpp)
+MAX_SRC = int(lib.GGML_MAX_SRC)
 
 
 class Scheduler(Owned):
@@ -43,7 +44,9 @@ class Scheduler(Owned):
         super().__init__(raw, lib.ggml_backend_sched_free, parents=backends, guard=self._guard)
         self.backends = backends
         self._graph_size = int(graph_size)
-        self._placed = []   # (graph, raw nodes whose memory the scheduler placed)
+        # (graph, raw nodes whose memory the scheduler placed, every node's own sources)
+        self._placed = []
+        self._pins = []     # (tensor, backend) from set_backend, applied at every allocation
 
     def _check(self, graph: Graph) -> None:
         require(isinstance(graph, Graph), "expected a gg.Graph")
@@ -62,9 +65,13 @@ class Scheduler(Owned):
             raise GGMLError("ggml_backend_sched_reserve failed (out of memory?)")
 
     def set_backend(self, tensor, backend: Backend) -> None:
-        """Pin the node `tensor` to `backend` (one of the scheduler's)."""
+        """Pin the node `tensor` to `backend` (one of the scheduler's) for the graphs computed
+        from now on, until :meth:`reset` (ggml forgets pins at each of its resets; they are
+        applied again before every allocation)."""
         require(any(b is backend for b in self.backends), "backend is not one of the scheduler's")
         lib.ggml_backend_sched_set_tensor_backend(self.ptr, tensor.ptr, backend.ptr)
+        self._pins.append((tensor, backend))
+        self._forget()                 # the next compute splits the graph again
 
     def backend_of(self, tensor) -> Backend | None:
         p = lib.ggml_backend_sched_get_tensor_backend(self.ptr, tensor.ptr)
@@ -74,10 +81,18 @@ class Scheduler(Owned):
         """Split `graph` and allocate its nodes across the backends."""
         self._check(graph)
         self._forget()
-        placed = [t for t, is_node in _walk(graph) if is_node and t.data == ffi.NULL]
+        lib.ggml_backend_sched_reset(self.ptr)
+        for t, b in self._pins:
+            lib.ggml_backend_sched_set_tensor_backend(self.ptr, t.ptr, b.ptr)
+        nodes = [t for t, is_node in _walk(graph) if is_node]
+        placed = [t for t in nodes if t.data == ffi.NULL]
+        # ggml's scheduler points the sources of split nodes at copies in its own context,
+        # which it frees at the next split: keep the real sources to put back (_forget)
+        sources = [(t, [t.src[j] for j in range(MAX_SRC)]) for t in nodes]
+        self._placed.append((graph, placed, sources))
         if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
+            self._forget()
             raise GGMLError("the scheduler could not allocate the graph (out of memory?)")
-        self._placed.append((graph, placed))
         graph.ctx._keep.append(self)
 
     def compute(self, graph: Graph) -> None:
@@ -89,8 +104,7 @@ class Scheduler(Owned):
 
     def _compute(self, graph, fn) -> None:
         self._alive()
-        if not any(g is graph for g, _ in self._placed):
-            lib.ggml_backend_sched_reset(self.ptr)
+        if not any(entry[0] is graph for entry in self._placed):
             self.alloc(graph)
         check(fn(self.ptr, graph.ptr), "scheduled graph compute")
 
@@ -104,9 +118,11 @@ class Scheduler(Owned):
             b._alive()
 
     def reset(self) -> None:
-        """Drop the current allocation (the tensors it placed lose their memory)."""
+        """Drop the current allocation (the tensors it placed lose their memory) and the
+        pins made with :meth:`set_backend`."""
         lib.ggml_backend_sched_reset(self.ptr)
         self._forget()
+        self._pins.clear()
 
     @property
     def n_splits(self) -> int:
@@ -120,11 +136,15 @@ class Scheduler(Owned):
         return int(lib.ggml_backend_sched_get_buffer_size(self.ptr, backend.ptr))
 
     def _forget(self) -> None:
-        """Unhook nodes whose memory the scheduler placed: they read as unallocated again."""
-        for graph, nodes in self._placed:
+        """Give graphs back as they were: their own sources again (not the scheduler's copies),
+        and the nodes it placed read as unallocated."""
+        for graph, nodes, sources in self._placed:
             graph._checked.clear()           # its nodes must be placed again before a compute
             if graph.ctx.closed:
                 continue
+            for t, srcs in sources:
+                for j, s in enumerate(srcs):
+                    t.src[j] = s
             for t in nodes:
                 t.data = ffi.NULL
                 t.buffer = ffi.NULL
