@@ -45,6 +45,7 @@ class Graph:
             lib.ggml_build_forward_expand(self.ptr, t.ptr)
         self._allocs = {}
         self._checked = weakref.WeakSet()   # backends this graph was validated and allocated for
+        self._index_inputs = None           # get_rows/set_rows indices to range-check
         self.ctx._keep.append(self)  # node memory placed by the allocator lives with the context
 
     @property
@@ -219,9 +220,44 @@ def prepare(backend, graph: Graph) -> None:
     graph._checked.add(backend)
 
 
+def _index_inputs(graph: Graph) -> list:
+    """(index tensor, rows it may address, op) for every get_rows/set_rows whose indices are a
+    graph input: their values are checked at each compute (ggml asserts on a bad index, and
+    an RPC server dies of it)."""
+    if graph._index_inputs is None:
+        found, nodes = [], {int(ffi.cast("uintptr_t", t)) for t, n in _walk(graph) if n}
+        get_rows, set_rows = int(lib.GGML_OP_GET_ROWS), int(lib.GGML_OP_SET_ROWS)
+        for t, is_node in _walk(graph):
+            if not is_node or int(t.op) not in (get_rows, set_rows):
+                continue
+            # get_rows: src = (table, indices); set_rows: src = (rows, indices, destination)
+            idx = t.src[1]
+            table = t.src[0] if int(t.op) == get_rows else t.src[2]
+            if int(ffi.cast("uintptr_t", idx)) not in nodes:
+                found.append((idx, int(table.ne[1]), "get_rows" if int(t.op) == get_rows else "set_rows"))
+        graph._index_inputs = found
+    return graph._index_inputs
+
+
+def check_indices(graph: Graph) -> None:
+    import numpy as np
+    for idx, rows, op in _index_inputs(graph):
+        if idx.data == ffi.NULL or idx.buffer == ffi.NULL:
+            continue                      # reported as an unallocated input by prepare()
+        dtype = np.int64 if int(idx.type) == int(lib.GGML_TYPE_I64) else np.int32
+        values = np.empty(int(lib.ggml_nelements(idx)), dtype)
+        lib.ggml_backend_tensor_get(idx, ffi.from_buffer("void *", values, require_writable=True),
+                                    0, values.nbytes)
+        if values.size and (values.min() < 0 or values.max() >= rows):
+            bad = values[(values < 0) | (values >= rows)][0]
+            raise InvalidArgument(f"{op}: index {bad} is out of range for {rows} rows "
+                                  f"(indices {cstr(idx.name) or ''})")
+
+
 def compute(backend, graph: Graph, *, asynchronous: bool) -> None:
     backend._alive()
     prepare(backend, graph)
+    check_indices(graph)
     if asynchronous:
         backend._pending.append(graph)
         check(lib.ggml_backend_graph_compute_async(backend.ptr, graph.ptr), "graph compute")

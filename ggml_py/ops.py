@@ -32,6 +32,23 @@ def _float(*ts) -> None:
             raise InvalidType(f"this op needs float tensors (f32/f16/bf16), got {t.type.name}")
 
 
+# Types ggml's CPU kernels compute, per op, where they are fewer than the op's own rules allow:
+# the CPU backend reports these ops as supported for any type and then aborts in the kernel
+# (ggml 0.25.3, ggml-cpu/ops.cpp). The CPU is every scheduler's fallback, so these are the rule.
+CPU_TYPES = {
+    "scale": {"f32", "bf16"}, "sum_rows": {"f32"}, "mean": {"f32"}, "soft_max": {"f32"},
+    "norm": {"f32"}, "rms_norm": {"f32"}, "group_norm": {"f32"}, "rope_ext": {"f32", "f16"},
+    "repeat": {"f32", "f16", "bf16", "i16", "i32", "i64"}, "im2col data": {"f32"},
+    "conv kernel": {"f32", "f16"},
+}
+
+
+def _cpu_type(t: Tensor, op: str) -> None:
+    if t.type.name not in CPU_TYPES[op]:
+        raise InvalidType(f"{op}: ggml's CPU backend computes {'/'.join(sorted(CPU_TYPES[op]))}, "
+                          f"not {t.type.name}; convert with gg.cpy(t, ctx.tensor(gg.f32, t.shape))")
+
+
 def _out(p, like: Tensor, ndim: int | None = None) -> Tensor:
     """The result `p` as a Tensor of `like`'s context, with `ndim` numpy axes (default:
     like's, so leading axes of length 1 survive ops that keep the shape)."""
@@ -70,7 +87,7 @@ def div(a, b): return _binary(lib.ggml_div, a, b, "div")
 
 def scale(a, s: float):
     a = _t(a)
-    _float(a)
+    _cpu_type(a, "scale")
     return _out(lib.ggml_scale(_ctx(a), a.ptr, float(s)), a)
 
 
@@ -102,14 +119,14 @@ def sum(a):
 
 def sum_rows(a):
     a = _t(a)
-    _float(a)
+    _cpu_type(a, "sum_rows")
     return _out(lib.ggml_sum_rows(_ctx(a), a.ptr), a)
 
 
 def mean(a):
     """Mean of each row (ggml_mean)."""
     a = _t(a)
-    _float(a)
+    _cpu_type(a, "mean")
     return _out(lib.ggml_mean(_ctx(a), a.ptr), a)
 
 
@@ -235,12 +252,17 @@ def permute(a, axes):
     gperm = [0, 1, 2, 3]
     for j, src_axis in enumerate(axes):
         gperm[n - 1 - src_axis] = n - 1 - j
+    require(a.type.block_size == 1 or gperm[0] == 0,
+            f"permute: the last axis of a {a.type.name} tensor holds its quantized blocks and "
+            "cannot move", InvalidType)
     return _out(lib.ggml_permute(_ctx(a), a.ptr, *gperm), a, n)
 
 
 def transpose(a):
     """Swap the last two numpy axes (ggml_transpose: ne0 <-> ne1), a view."""
     a = _t(a)
+    require(a.type.block_size == 1, f"transpose: a {a.type.name} tensor's rows are quantized "
+                                     "blocks; dequantize (gg.cpy to f32) first", InvalidType)
     return _out(lib.ggml_transpose(_ctx(a), a.ptr), a, max(a.ndim, 2))
 
 
@@ -254,12 +276,25 @@ def cpy(a, b):
     """Copy `a` into `b` (same element count; converts types ggml can convert)."""
     a, b = _t(a), _t(b)
     require(a.size == b.size, f"cpy: {a.size} elements into {b.size}")
+    require(_can_convert(a.type, b.type),
+            f"cpy: ggml's CPU backend does not convert {a.type.name} to {b.type.name}", InvalidType)
     return _out(lib.ggml_cpy(_ctx(a), a.ptr, b.ptr), b)
+
+
+def _can_convert(src, dst) -> bool:
+    """The conversions ggml's CPU copy kernel has (ggml_compute_forward_dup, 0.25.3)."""
+    if src == dst:
+        return True
+    q = dst.block_size > 1
+    return {"f16": dst.name in FLOAT or q, "bf16": dst.name in FLOAT or q,
+            "f32": dst.name in FLOAT + ("i32",) or q, "i32": dst.name == "f32"}.get(
+        src.name, src.block_size > 1 and dst.name == "f32")
 
 
 def repeat(a, shape):
     """Tile `a` to numpy-order `shape` (each axis a multiple of a's)."""
     a = _t(a)
+    _cpu_type(a, "repeat")
     shape = tuple(int(s) for s in shape)
     ne = list(reversed(shape)) + [1] * (4 - len(shape))
     require(all(n % m == 0 for m, n in zip(a.ne, ne)), f"repeat: {a.shape} does not tile into {shape}")
@@ -285,6 +320,9 @@ def get_rows(a, idx):
     """Rows of `a` picked by the i32 indices `idx` (embedding lookup)."""
     a, idx = _t(a), _t(idx, "indices")
     require(idx.type.name == "i32", f"get_rows: indices must be i32, got {idx.type.name}", InvalidType)
+    require(a.type.name in FLOAT + ("i32",) or a.type.block_size > 1,
+            f"get_rows: ggml's CPU backend reads rows of float, i32 or quantized tensors, not "
+            f"{a.type.name}", InvalidType)
     require(a.ne[2] == idx.ne[1] and idx.ne[3] == 1 or (a.ne[2] == 1 and idx.ne[1] == 1),
             f"get_rows: index shape {idx.shape} does not fit {a.shape}")
     return _out(lib.ggml_get_rows(_ctx(a), a.ptr, idx.ptr), a, max(a.ndim, idx.ndim + 1))
@@ -294,7 +332,7 @@ def get_rows(a, idx):
 def soft_max(a, mask=None, scale: float = 1.0, max_bias: float = 0.0):
     """softmax over rows of `a` (the last numpy axis), with an optional additive mask."""
     a = _t(a)
-    _float(a)
+    _cpu_type(a, "soft_max")
     if mask is None:
         if scale == 1.0 and max_bias == 0.0:
             return _out(lib.ggml_soft_max(_ctx(a), a.ptr), a)
@@ -312,13 +350,13 @@ def soft_max(a, mask=None, scale: float = 1.0, max_bias: float = 0.0):
 
 def norm(a, eps: float = 1e-5):
     a = _t(a)
-    _float(a)
+    _cpu_type(a, "norm")
     return _out(lib.ggml_norm(_ctx(a), a.ptr, float(eps)), a)
 
 
 def rms_norm(a, eps: float = 1e-6):
     a = _t(a)
-    _float(a)
+    _cpu_type(a, "rms_norm")
     return _out(lib.ggml_rms_norm(_ctx(a), a.ptr, float(eps)), a)
 
 
@@ -326,7 +364,7 @@ def group_norm(a, n_groups: int, eps: float = 1e-6):
     """Normalise each group of channels: `a` is (N, C, H, W) in numpy order (ggml ne
     [W, H, C, N]); the C channels split into `n_groups` groups of C / n_groups."""
     a = _t(a)
-    _float(a)
+    _cpu_type(a, "group_norm")
     n_groups = int(n_groups)
     require(1 <= n_groups <= a.ne[2] and a.ne[2] % n_groups == 0,
             f"group_norm: {a.ne[2]} channels do not split into {n_groups} groups")
@@ -344,7 +382,7 @@ def rope_ext(a, pos, n_dims: int | None = None, mode: int = ROPE_NORMAL, *, freq
     numpy order; `pos` holds one i32 position per token. The first `n_dims` (default: all) of
     head_dim rotate: adjacent pairs (``gg.ROPE_NORMAL``) or halves (``gg.ROPE_NEOX``)."""
     a, pos = _t(a), _t(pos, "positions")
-    _float(a)
+    _cpu_type(a, "rope_ext")
     n_dims = a.ne[0] if n_dims is None else int(n_dims)
     require(mode in (ROPE_NORMAL, ROPE_NEOX), "rope_ext: mode must be gg.ROPE_NORMAL or "
                                               "gg.ROPE_NEOX (multi-section modes are not wrapped)")
@@ -478,6 +516,7 @@ def _pair(x, what):
 
 def _im2col_args(a, b, stride, padding, dilation, is_2d):
     """Validated (s0, s1, p0, p1, d0, d1) in ggml's order, by ggml_im2col's rules."""
+    _cpu_type(b, "im2col data")
     (s1, s0), (p1, p0), (d1, d0) = (_pair(stride, "stride"), _pair(padding, "padding"),
                                     _pair(dilation, "dilation"))
     require(s0 > 0 and s1 > 0 and d0 > 0 and d1 > 0 and p0 >= 0 and p1 >= 0,
@@ -513,6 +552,7 @@ def conv_1d(kernel, data, stride: int = 1, padding: int = 0, dilation: int = 1):
     a, b = _t(kernel, "kernel"), _t(data, "data")
     _float(a, b)
     require(a.is_contiguous, "conv_1d: the kernel must be contiguous")
+    _cpu_type(a, "conv kernel")
     s0, _, p0, _, d0, _ = _im2col_args(a, b, (1, stride), (0, padding), (1, dilation), False)
     raw = _ctx(b, 12)
     p = lib.ggml_conv_1d(raw, a.ptr, b.ptr, s0, p0, d0)
@@ -531,6 +571,7 @@ def conv_2d(kernel, data, stride=1, padding=0, dilation=1):
     a, b = _t(kernel, "kernel"), _t(data, "data")
     _float(a, b)
     require(a.is_contiguous, "conv_2d: the kernel must be contiguous")
+    _cpu_type(a, "conv kernel")
     args = _im2col_args(a, b, stride, padding, dilation, True)
     return _out(lib.ggml_conv_2d(_ctx(b, 12), a.ptr, b.ptr, *args), b, 4)
 

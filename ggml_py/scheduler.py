@@ -14,7 +14,7 @@ from ._handle import Owned
 from ._loader import ffi, lib
 from .backend import Backend
 from .errors import GGMLError, InvalidArgument, check, require
-from .graph import Graph, _walk
+from .graph import Graph, _walk, check_indices
 
 MAX_BACKENDS = 16  # GGML_SCHED_MAX_BACKENDS (a private define of ggml-backend.cpp)
 MAX_SRC = int(lib.GGML_MAX_SRC)
@@ -104,6 +104,7 @@ class Scheduler(Owned):
 
     def _compute(self, graph, fn) -> None:
         self._alive()
+        check_indices(graph)
         if not any(entry[0] is graph for entry in self._placed):
             self.alloc(graph)
         check(fn(self.ptr, graph.ptr), "scheduled graph compute")
