@@ -1,4 +1,5 @@
-"""Every op with every kind of tensor type, on the CPU and on an RPC device: each call either
+"""Every op with every kind of tensor type, on the CPU, an RPC device and CUDA devices where
+the build has them: each call either
 raises a GGMLError or computes. ggml's CPU backend reports most ops as supported for any type
 and then aborts inside the kernel (and an RPC server dies of the same), so this is where
 ggml_py's per-op type rules are proven. Runs in a child process, which names the case that
@@ -39,7 +40,8 @@ OPS = {
     "flash_attn_ext": lambda T, i: gg.flash_attn_ext(T((1, 4, 8, 32)), T((1, 4, 8, 32)), T((1, 4, 8, 32))),
 }
 counts = {"computed": 0, "refused": 0}
-for dev in (gg.device("CPU"), rpc):
+cuda = [d for d in gg.devices() if d.name.startswith("CUDA")]     # on the GPU machine
+for dev in [gg.device("CPU"), rpc, *cuda]:
     be = dev.backend()
     for op, build in OPS.items():
         for ty in TYPES:
