@@ -32,11 +32,13 @@ def _float(*ts) -> None:
             raise InvalidType(f"this op needs float tensors (f32/f16/bf16), got {t.type.name}")
 
 
-# Types ggml's CPU kernels compute, per op, where they are fewer than the op's own rules allow:
-# the CPU backend reports these ops as supported for any type and then aborts in the kernel
-# (ggml 0.25.3, ggml-cpu/ops.cpp). The CPU is every scheduler's fallback, so these are the rule.
+# Types the backends' kernels compute, per op, where they are fewer than the op's own rules
+# allow: ggml's CPU and CUDA backends report these ops as supported for any type and then abort
+# in the kernel (0.25.3: ggml-cpu/ops.cpp, ggml-cuda/sum.cu and cpy.cu; found by
+# tests/test_op_types.py). The CPU is every scheduler's fallback, so these are the rule.
 CPU_TYPES = {
-    "scale": {"f32", "bf16"}, "sum_rows": {"f32"}, "mean": {"f32"}, "soft_max": {"f32"},
+    "sum": {"f32"}, "scale": {"f32", "bf16"}, "sum_rows": {"f32"}, "mean": {"f32"}, "soft_max": {"f32"},
+    "strided copy": {"f32", "f16", "bf16", "i32", "i16"},
     "norm": {"f32"}, "rms_norm": {"f32"}, "group_norm": {"f32"}, "rope_ext": {"f32", "f16"},
     "repeat": {"f32", "f16", "bf16", "i16", "i32", "i64"}, "im2col data": {"f32"},
     "conv kernel": {"f32", "f16"},
@@ -45,7 +47,7 @@ CPU_TYPES = {
 
 def _cpu_type(t: Tensor, op: str) -> None:
     if t.type.name not in CPU_TYPES[op]:
-        raise InvalidType(f"{op}: ggml's CPU backend computes {'/'.join(sorted(CPU_TYPES[op]))}, "
+        raise InvalidType(f"{op}: ggml's kernels compute {'/'.join(sorted(CPU_TYPES[op]))}, "
                           f"not {t.type.name}; convert with gg.cpy(t, ctx.tensor(gg.f32, t.shape))")
 
 
@@ -113,7 +115,7 @@ for _n in _UNARY:
 def sum(a):
     """Sum of all elements (a 1-element tensor)."""
     a = _t(a)
-    _float(a)
+    _cpu_type(a, "sum")
     return _out(lib.ggml_sum(_ctx(a), a.ptr), a, 1)
 
 
@@ -269,6 +271,8 @@ def transpose(a):
 def cont(a):
     """A contiguous copy of `a`."""
     a = _t(a)
+    if not a.is_contiguous:                      # gathering a view: CUDA's copy kernels
+        _cpu_type(a, "strided copy")
     return _out(lib.ggml_cont(_ctx(a), a.ptr), a)
 
 
@@ -278,6 +282,8 @@ def cpy(a, b):
     require(a.size == b.size, f"cpy: {a.size} elements into {b.size}")
     require(_can_convert(a.type, b.type),
             f"cpy: ggml's CPU backend does not convert {a.type.name} to {b.type.name}", InvalidType)
+    if not (a.is_contiguous and b.is_contiguous):
+        _cpu_type(a, "strided copy")
     return _out(lib.ggml_cpy(_ctx(a), a.ptr, b.ptr), b)
 
 
