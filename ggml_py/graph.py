@@ -14,9 +14,9 @@ import weakref
 
 from ._handle import Owned
 from ._loader import cstr, ffi, lib
-from .errors import GGMLError, InvalidArgument, UnsupportedError, check, require
+from .errors import ClosedError, GGMLError, InvalidArgument, UnsupportedError, check, require
 from .registry import free_guard
-from .tensor import Context, Tensor
+from .tensor import Context, Tensor, contexts_of
 
 
 class _GraphMemory(Owned):
@@ -31,7 +31,11 @@ class Graph:
         require(outs and all(isinstance(t, Tensor) for t in outs), "Graph needs output tensors")
         self.outputs = outs
         self.ctx = outs[0].ctx
-        n = capacity or max(int(lib.GGML_DEFAULT_GRAPH_SIZE), 2 * _count_nodes(outs) + 16)
+        count = _count_nodes(outs)
+        require(capacity is None or (isinstance(capacity, int) and capacity >= count),
+                f"capacity {capacity!r} cannot hold this graph's {count} tensors (leave it out: "
+                "the capacity follows the graph)")
+        n = capacity or max(int(lib.GGML_DEFAULT_GRAPH_SIZE), 2 * count + 16)
         overhead = int(lib.ggml_graph_overhead_custom(n, False))
         params = ffi.new("struct ggml_init_params *",
                          {"mem_size": overhead + 1024, "mem_buffer": ffi.NULL, "no_alloc": True})
@@ -44,6 +48,9 @@ class Graph:
             lib.ggml_set_output(t.ptr)
             lib.ggml_build_forward_expand(self.ptr, t.ptr)
         self._allocs = {}
+        # every context holding a node or leaf: a closed one would leave the graph pointing
+        # into freed memory, so computing then raises instead
+        self._contexts = contexts_of(t for t, _ in _walk(self))
         self._checked = weakref.WeakSet()   # backends this graph was validated and allocated for
         self._index_inputs = None           # get_rows/set_rows indices to range-check
         self.ctx._keep.append(self)  # node memory placed by the allocator lives with the context
@@ -175,12 +182,19 @@ def init_views(graph: Graph) -> None:
             check(lib.ggml_backend_view_init(t), "view init")
 
 
+def require_open(graph: Graph) -> None:
+    graph._meta.ptr
+    for c in graph._contexts:
+        if c.closed:
+            raise ClosedError("a context holding tensors of this graph was closed")
+
+
 def prepare(backend, graph: Graph) -> None:
     """Validate `graph` for `backend` and allocate nodes that have no memory yet.
 
     A graph cannot change once built, so this walk runs once per backend: later computes of
     the same graph cost no Python work per node."""
-    graph._meta.ptr
+    require_open(graph)
     be = backend.ptr
     if backend in graph._checked:
         return

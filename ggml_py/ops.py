@@ -14,6 +14,7 @@ import numpy as np
 from . import types as T
 from ._loader import ffi, lib
 from .errors import InvalidArgument, InvalidType, UnsupportedError, require
+from .registry import buffer_device, ensure_alive
 from .tensor import MAX_DIMS, Tensor
 
 FLOAT = ("f32", "f16", "bf16")
@@ -56,6 +57,7 @@ def _out(p, like: Tensor, ndim: int | None = None) -> Tensor:
     like's, so leading axes of length 1 survive ops that keep the shape)."""
     src = p.view_src
     if src != ffi.NULL and src.buffer != ffi.NULL and p.buffer == ffi.NULL:
+        ensure_alive(buffer_device(src.buffer))   # (the buffer's init_tensor may be remote)
         lib.ggml_backend_view_init(p)   # a view of allocated memory is usable at once
     return Tensor(p, like.ctx, ndim=like.ndim if ndim is None else ndim)
 

@@ -14,7 +14,7 @@ from ._handle import Owned
 from ._loader import ffi, lib
 from .backend import Backend
 from .errors import GGMLError, InvalidArgument, check, require
-from .graph import Graph, _walk, check_indices
+from .graph import Graph, _walk, check_indices, require_open
 
 MAX_BACKENDS = 16  # GGML_SCHED_MAX_BACKENDS (a private define of ggml-backend.cpp)
 MAX_SRC = int(lib.GGML_MAX_SRC)
@@ -50,6 +50,7 @@ class Scheduler(Owned):
 
     def _check(self, graph: Graph) -> None:
         require(isinstance(graph, Graph), "expected a gg.Graph")
+        require_open(graph)
         self._alive()
         require(graph.n_nodes <= self._graph_size,
                 f"the graph has {graph.n_nodes} nodes; this scheduler was made for "
@@ -90,6 +91,8 @@ class Scheduler(Owned):
         # which it frees at the next split: keep the real sources to put back (_forget)
         sources = [(t, [t.src[j] for j in range(MAX_SRC)]) for t in nodes]
         self._placed.append((graph, placed, sources))
+        for c in graph._contexts:      # a context closing first hands its graphs back (_forget)
+            c._keep.append(self)
         if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
             self._forget()
             raise GGMLError("the scheduler could not allocate the graph (out of memory?)")

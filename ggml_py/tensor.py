@@ -34,6 +34,7 @@ class Context(Owned):
         first = self._new_chunk()
         super().__init__(first, lib.ggml_free)
         self._extra = []          # further chunks: Contexts of their own, closed with this one
+        self._chunk_of = None
         self._keep = []           # graphs/allocators whose memory tensors of this context use
         self._buffers = []        # buffers made by alloc()
 
@@ -55,6 +56,7 @@ class Context(Owned):
             chunk._capacity = self._capacity
             Owned.__init__(chunk, self._new_chunk(), lib.ggml_free, parents=(self,))
             chunk._extra, chunk._keep, chunk._buffers = [], [], []
+            chunk._chunk_of = self
             self._extra.append(chunk)
             raw = chunk.ptr
         return raw
@@ -127,12 +129,37 @@ class Context(Owned):
             p = lib.ggml_get_next_tensor(raw, p)
 
     def close(self) -> None:
+        for k in self._keep:   # schedulers give graphs with nodes here back before they go
+            forget = getattr(k, "_forget", None)
+            if forget is not None and not k.closed:
+                forget()
         self._keep = []
         super().close()        # closes the chunks and buffers (children) first
         self._buffers = []
 
     def __repr__(self):
         return "<Context closed>" if self.closed else f"<Context chunks={1 + len(self._extra)}>"
+
+
+def contexts_of(raw_tensors) -> set:
+    """The open Contexts whose memory holds these raw tensors (a graph's nodes can live in
+    several: an op's result goes to its first operand's context)."""
+    from ._handle import LIVE
+    spans = []
+    for c in list(LIVE):
+        if isinstance(c, Context) and not c.closed and c._chunk_of is None:
+            owner = c
+            for raw in c._raws():
+                base = int(ffi.cast("uintptr_t", lib.ggml_get_mem_buffer(raw)))
+                spans.append((base, base + int(lib.ggml_get_mem_size(raw)), owner))
+    found = set()
+    for t in raw_tensors:
+        a = int(ffi.cast("uintptr_t", t))
+        for lo, hi, owner in spans:
+            if lo <= a < hi:
+                found.add(owner)
+                break
+    return found
 
 
 def _shape(shape) -> tuple[int, ...]:

@@ -307,6 +307,8 @@ BAD = {
     "flash_attn bias without mask": lambda c: gg.flash_attn_ext(c["q"], c["k"], c["v"], max_bias=1.0),
     "empty graph": lambda c: gg.Graph([]),
     "graph of a non-tensor": lambda c: gg.Graph([1.0]),
+    "graph capacity too small": lambda c: gg.Graph(gg.relu(c["a"] + c["a"]), capacity=2),
+    "graph over a closed context": lambda c: c["be"].compute(c["zg"]),
 }
 
 
@@ -316,7 +318,7 @@ def test_bad_graph_input_raises(cpu, rpc_devs, case):
     ctx, uctx, zctx = gg.Context(), gg.Context(), gg.Context()
     c = dict(be=be, rb=rb, a=ctx.tensor(gg.f32, (4, 8)), c=ctx.tensor(gg.f32, (3, 5)),
              h=ctx.tensor(gg.f16, (4, 8)), sq=ctx.tensor(gg.f32, (8, 8)),
-             i=ctx.tensor(gg.i32, (4, 8)), u=uctx.tensor(gg.f32, (4,)), z=zctx.tensor(gg.f32, (4,)),
+             i=ctx.tensor(gg.i32, (4, 8)), u=uctx.tensor(gg.f32, (4,)), z=zctx.tensor(gg.f32, (8,)),
              d=ctx.tensor(gg.f64, (4, 8)),
              img=ctx.tensor(gg.f32, (1, 4, 8, 8)), heads=ctx.tensor(gg.f32, (1, 6, 2, 8)),
              pos=ctx.tensor(gg.i32, (6,)), idx=ctx.tensor(gg.i32, (3,)),
@@ -326,6 +328,7 @@ def test_bad_graph_input_raises(cpu, rpc_devs, case):
              k=ctx.tensor(gg.f16, (1, 2, 5, 8)), kbad=ctx.tensor(gg.f16, (1, 2, 5, 4)),
              v=ctx.tensor(gg.f16, (1, 2, 5, 8)), m32=ctx.tensor(gg.f32, (3, 5)))
     ctx.alloc(be)
+    c["zg"] = gg.Graph(c["a"] + c["z"])     # a graph with a leaf in zctx, closed next
     zctx.close()
     with pytest.raises(gg.GGMLError):
         BAD[case](c)
@@ -374,3 +377,23 @@ def test_scheduler_reserve_pin_async_and_parallel(cpu, rpc_devs, rng):
             gg.Scheduler([cb]).set_backend(mid, rb)
     rb.close()
     cb.close()
+
+
+def test_closing_a_context_before_the_scheduler_is_safe(cpu, rpc_devs, rng):
+    """Nodes of one graph live in several contexts (a result goes to its first operand's);
+    closing one of them while a scheduler holds the graph must not leave ggml writing or
+    reading freed memory."""
+    bes = [rpc_devs[0].backend(), cpu.backend()]
+    stack = LayerStack(bes, bes[1], rng)
+    sched = gg.Scheduler(bes)
+    g = gg.Graph(stack.out)
+    sched.compute(g)
+    stack.ctxs[0].close()                # the RPC weights' context, with nodes of the graph
+    with pytest.raises(gg.ClosedError, match="context"):
+        sched.compute(g)
+    with pytest.raises(gg.ClosedError):
+        bes[1].compute(g)
+    sched.close()
+    stack.close()
+    for b in bes:
+        b.close()
