@@ -92,11 +92,11 @@ class Scheduler(Owned):
         sources = [(t, [t.src[j] for j in range(MAX_SRC)]) for t in nodes]
         self._placed.append((graph, placed, sources))
         for c in graph._contexts:      # a context closing first hands its graphs back (_forget)
-            c._keep.append(self)
+            if not any(k is self for k in c._keep):
+                c._keep.append(self)
         if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
             self._forget()
             raise GGMLError("the scheduler could not allocate the graph (out of memory?)")
-        graph.ctx._keep.append(self)
 
     def compute(self, graph: Graph) -> None:
         self._compute(graph, lib.ggml_backend_sched_graph_compute)
@@ -144,8 +144,8 @@ class Scheduler(Owned):
         and the nodes it placed read as unallocated."""
         for graph, nodes, sources in self._placed:
             graph._checked.clear()           # its nodes must be placed again before a compute
-            if graph.ctx.closed:
-                continue
+            if any(c.closed for c in graph._contexts):
+                continue                     # (its tensors' memory is gone)
             for t, srcs in sources:
                 for j, s in enumerate(srcs):
                     t.src[j] = s
