@@ -449,6 +449,9 @@ def set_rows(dst, src, idx):
     dst, src, idx = _t(dst, "dst"), _t(src, "src"), _t(idx, "indices")
     require(src.type.name in ("f32", "f16"), f"set_rows: src must be f32 or f16, got {src.type.name}",
             InvalidType)
+    require(dst.type.name in FLOAT or dst.type.block_size > 1,
+            f"set_rows: rows convert into float or quantized tensors, not {dst.type.name}",
+            InvalidType)
     require(idx.type.name in ("i32", "i64"), f"set_rows: indices must be i32 or i64, got "
                                              f"{idx.type.name}", InvalidType)
     require(dst.ne[0] == src.ne[0] and dst.ne[2:] == src.ne[2:],
