@@ -23,6 +23,16 @@ def best(fn, repeat: int = 5, warmup: int = 1) -> float:
     return min(times)
 
 
+def ordered_copy(src, dst, src_backend, dst_backend) -> None:
+    """copy_async ordered after `src_backend`'s queued work: an event recorded on the source,
+    waited on by the destination (where the copy is queued). Synchronize `dst_backend` to read."""
+    import ggml_py as gg
+    with src_backend.device.event() as ev:
+        ev.record(src_backend)
+        dst_backend.wait(ev)
+        gg.copy_async(src, dst, src_backend, dst_backend)
+
+
 def native_program(build_dir: Path) -> Path:
     """benchmarks/native_graph.c compiled against the libraries of `build_dir` (cached)."""
     info = json.loads((build_dir / "build.json").read_text())

@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 import ggml_py as gg
+from _common import ordered_copy
 
 
 def main():
@@ -27,11 +28,8 @@ def main():
         a.set(x)
 
         def ordered():
-            with dev.event() as ev:
-                ev.record(b0)
-                b1.wait(ev)
-                gg.copy_async(a, c, b0, b1)
-                b1.synchronize()
+            ordered_copy(a, c, b0, b1)
+            b1.synchronize()
 
         def blocking():
             gg.copy(a, c)

@@ -20,7 +20,6 @@ from .event import Event
 from .types import GGMLType, TYPES, quantize
 from .tensor import Context, Tensor
 from .transfer import copy, copy_async
-from .dlpack import from_dlpack
 from .ops import *  # noqa: F401,F403  (ggml ops by their ggml names)
 from .ops import matmul
 from .graph import Graph
@@ -31,10 +30,14 @@ globals().update(TYPES)  # gg.f32, gg.f16, gg.q4_0, ...
 
 
 def __getattr__(name):
-    # gg.rpc loads on first use: sockets and subprocesses are not needed by every import
-    if name == "rpc":
+    # gg.rpc and DLPack load on first use: sockets, subprocesses and the DLPack structs
+    # (parsed by cffi, about 30 ms) are not needed by every import
+    if name in ("rpc", "dlpack"):
         import importlib
-        return importlib.import_module(".rpc", __name__)
+        return importlib.import_module(f".{name}", __name__)
+    if name == "from_dlpack":
+        from .dlpack import from_dlpack
+        return from_dlpack
     raise AttributeError(f"module 'ggml_py' has no attribute {name!r}")
 
 

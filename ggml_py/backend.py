@@ -110,6 +110,8 @@ class Backend(Owned):
                 "(another kind of backend)")
         self._alive()
         lib.ggml_backend_event_wait(self.ptr, event.ptr)
+        event._waiters.add(self)
+        self._pending.append(event)    # not collected while this queue may still wait on it
 
     def compute(self, graph) -> None:
         """Compute `graph` and wait for it."""

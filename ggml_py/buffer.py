@@ -148,6 +148,8 @@ class Buffer(Owned):
         lib.ggml_backend_buffer_clear(self.ptr, int(value))
 
     def _fill_bytes(self, value: int) -> None:
+        if self.size == 0:
+            return
         raw = lib.ggml_init({"mem_size": int(lib.ggml_tensor_overhead()) * 2,
                              "mem_buffer": ffi.NULL, "no_alloc": True})
         try:

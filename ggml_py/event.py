@@ -9,6 +9,8 @@ ggml offers nothing more (no query, no timing), and neither does this class.
 """
 from __future__ import annotations
 
+import weakref
+
 from ._handle import Owned
 from ._loader import ffi, lib
 from .errors import GGMLError, require
@@ -23,6 +25,7 @@ class Event(Owned):
     def __init__(self, raw, device: Device):
         super().__init__(raw, lib.ggml_backend_event_free, guard=free_guard(device.ptr))
         self._device = device
+        self._waiters = weakref.WeakSet()   # backends whose queues wait on this event
 
     @classmethod
     def _create(cls, device: Device) -> "Event":
@@ -46,8 +49,19 @@ class Event(Owned):
 
     def synchronize(self) -> None:
         """Block the host until the recorded work is done."""
-        ensure_alive(self.ptr and self._device.ptr)
+        self.ptr
+        ensure_alive(self._device.ptr)
         lib.ggml_backend_event_synchronize(self.ptr)
+
+    def close(self) -> None:
+        """Free the event once no backend's queue still waits on it: freeing it earlier left
+        the waiting queue hanging (seen on Vulkan), so those backends are synchronized first."""
+        if self._raw is not None:
+            for be in list(self._waiters):
+                if not be.closed and (be._guard is None or be._guard()):
+                    lib.ggml_backend_synchronize(be.ptr)
+            self._waiters = weakref.WeakSet()
+        super().close()
 
     def _devices(self) -> set:
         return {self._device.ptr}

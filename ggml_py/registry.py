@@ -10,6 +10,7 @@ Both belong to ggml and live as long as the process; these objects only borrow t
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import NamedTuple
@@ -290,17 +291,25 @@ def _tcp_state(fd: str, addrs: set, port: int) -> int | None:
         return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
 
 
+@functools.lru_cache(maxsize=64)
+def _addresses(host: str, port: int) -> frozenset | None:
+    """The addresses `host` resolves to (resolved once: this runs before every RPC call)."""
+    import socket
+    try:
+        return frozenset(ai[4][0] for ai in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP))
+    except OSError:
+        return None
+
+
 def _connection_states(host: str, port: int) -> set[int] | None:
     """TCP states of this process's connections to host:port (Linux: each socket descriptor's
     peer and ``TCP_INFO``); None where that cannot be read. 1 is ESTABLISHED; a server that
     died leaves 8 (CLOSE_WAIT) or no connection at all. The descriptor found last time is
     tried first (a few microseconds instead of a scan of every descriptor)."""
-    import socket
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        addrs = {ai[4][0] for ai in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
-    except OSError:
+    addrs = _addresses(host, port)
+    if addrs is None:
         return None
     known = _SOCKETS.get((host, port))
     if known is not None:

@@ -107,6 +107,7 @@ class Scheduler(Owned):
 
     def _compute(self, graph, fn) -> None:
         self._alive()
+        require_open(graph)            # before reading its index inputs
         check_indices(graph)
         if not any(entry[0] is graph for entry in self._placed):
             self.alloc(graph)

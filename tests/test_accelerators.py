@@ -153,3 +153,19 @@ def test_ops_match_the_cpu(accel, cpu, case):
         assert np.array_equal(got, ref)
     else:
         assert nmse(got, ref) < threshold
+
+
+def test_event_closed_before_the_waiting_backend_synchronizes(accel, rng):
+    """`with dev.event()` ending before the waiting queue drained: ggml would free an event
+    that queue still waits on (the queue hung on Vulkan); the close waits for it instead."""
+    x = rng.standard_normal(1 << 16).astype(np.float32)
+    with accel.backend() as b0, accel.backend() as b1, gg.Context() as ctx:
+        a, dst = ctx.from_numpy(x), ctx.tensor(gg.f32, x.shape)
+        ctx.alloc(b0)
+        b0.set_async(a, x)
+        with accel.event() as ev:
+            ev.record(b0)
+            b1.wait(ev)
+            gg.copy_async(a, dst, b0, b1)
+        b1.synchronize()
+        assert np.array_equal(dst.numpy(), x)

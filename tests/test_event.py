@@ -43,3 +43,20 @@ def test_record_on_another_device_raises(rpc_devs):
     with rpc_devs[0].event() as ev, rpc_devs[1].backend() as be:
         with pytest.raises(gg.InvalidArgument, match="cannot be recorded"):
             ev.record(be)
+
+
+def test_event_closed_while_a_backend_waits_on_it(rpc_devs, rng):
+    d = rpc_devs[0]
+    x = rng.standard_normal(4096).astype(np.float32)
+    with d.backend() as b0, d.backend() as b1, gg.Context() as ctx:
+        a, b = ctx.from_numpy(x), ctx.from_numpy(x)
+        ctx.alloc(b0)
+        b0.set_async(a, x)
+        ev = d.event()
+        ev.record(b0)
+        b1.wait(ev)
+        assert ev in b1._pending           # kept alive while b1's queue may wait on it
+        gg.copy_async(a, b, b0, b1)
+        ev.close()                         # waits for b1's queue first
+        b1.synchronize()
+        assert np.array_equal(b.numpy(), x) and not b1._pending
