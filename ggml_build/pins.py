@@ -36,6 +36,7 @@ class Pin:
     sha256: str
     tree: str
     tests: str | None = None     # test-backend-ops.cpp inside the archive, where it ships one
+    notes: str = ""              # what this release adds, for `build_ggml.py --list`
 
 
 def load_manifest(path: Path = MANIFEST) -> tuple[str, dict[str, Pin]]:

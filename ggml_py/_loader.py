@@ -88,10 +88,34 @@ def load():
 
 ffi, lib, BUILD, BUILD_DIR = load()
 
+if BUILD.get("backend_dl"):
+    # GGML_BACKEND_DL=ON: the backends are modules ggml loads at run time. ggml would look in
+    # the interpreter's folder; ours are beside this build's libraries. Among the CPU variants
+    # (GGML_CPU_ALL_VARIANTS) ggml picks the best one this processor runs.
+    lib.ggml_backend_load_all_from_path(str(BUILD_DIR).encode())
+
+
+def backend_fn(name: str, ctype: str):
+    """A backend-specific entry point (``ggml_backend_rpc_add_server``,
+    ``ggml_backend_cpu_set_n_threads``, ...): the linked function where the build links the
+    backend, else what a registry's ``ggml_backend_reg_get_proc_address`` returns for `name`,
+    cast to `ctype` (e.g. ``"ggml_backend_reg_t (*)(const char *)"``); None when no registry
+    offers it. The same code then works with ``GGML_BACKEND_DL`` on or off."""
+    try:
+        return getattr(lib, name)
+    except AttributeError:
+        pass
+    key = name.encode()
+    for i in range(lib.ggml_backend_reg_count()):
+        p = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_reg_get(i), key)
+        if p != ffi.NULL:
+            return ffi.cast(ctype, p)
+    return None
+
 
 def cstr(p) -> str | None:
     """A C string from ggml as a Python str (None for NULL)."""
     return None if p == ffi.NULL else ffi.string(p).decode("utf-8", "replace")
 
 
-__all__ = ["ffi", "lib", "BUILD", "BUILD_DIR", "cstr", "GGMLError"]
+__all__ = ["ffi", "lib", "BUILD", "BUILD_DIR", "backend_fn", "cstr", "GGMLError"]
