@@ -11,8 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 from .errors import BuildError
@@ -75,52 +73,56 @@ def write_wrapper(build: Path) -> Path:
     return wrapper
 
 
-def configure(tools, tree: Path, build: Path, out: Path, flags: dict[str, str], log_file) -> None:
+def configure(tools, tree: Path, build: Path, out: Path, flags: dict[str, str], log_file,
+              progress=None) -> None:
     wrapper = write_wrapper(build)
     defs = dict(flags, GGML_PY_TREE=str(tree), CMAKE_LIBRARY_OUTPUT_DIRECTORY=str(out),
                 CMAKE_RUNTIME_OUTPUT_DIRECTORY=str(out / "bin"))
     cmd = [tools["cmake"], "-G", "Ninja", "-S", str(wrapper), "-B", str(build / "cmake"),
            f"-DCMAKE_MAKE_PROGRAM={tools['ninja']}"] + [f"-D{k}={v}" for k, v in defs.items()]
-    _run(cmd, log_file, "configure")
+    _run(cmd, log_file, "configure", env=_git_env(tree), progress=progress)
+
+
+def _git_env(tree: Path) -> dict[str, str]:
+    """ggml's CMake asks git for the tree's commit. A tree extracted from an sdist under this
+    project's vendor/ has none of its own, and git would answer with *this* project's commit:
+    stop git's search at vendor/ so ggml reports "unknown" there. A --source checkout keeps
+    its real commit."""
+    env = dict(os.environ)
+    vendor = Path(__file__).resolve().parent.parent / "vendor"
+    if vendor in tree.resolve().parents:
+        env["GIT_CEILING_DIRECTORIES"] = str(vendor)
+    return env
 
 
 _STEP = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
 
 
-def build(tools, build: Path, jobs: int, log_file, *, targets=()) -> None:
+def build(tools, build: Path, jobs: int, log_file, *, targets=(), progress=None) -> None:
     write_wrapper(build)
     # ninja directly (not `cmake --build`, which would use the ninja cached at configure time)
     cmd = [tools["ninja"], "-C", str(build / "cmake"), "-j", str(jobs), *targets]
-    _run(cmd, log_file, "build", progress=True)
+    _run(cmd, log_file, "compile", progress=progress)
 
 
-def _run(cmd, log_file: Path, what: str, progress: bool = False) -> None:
-    """Run `cmd`, appending everything to `log_file`; show `[N/M]` progress on one line."""
-    tty = sys.stdout.isatty()
-    last_shown = -1.0
+def _run(cmd, log_file: Path, what: str, *, env=None, progress=None) -> None:
+    """Run `cmd`, appending everything to `log_file`; ninja's `[N/M]` steps go to `progress`."""
     with open(log_file, "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
         try:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, errors="replace")
+                                    text=True, errors="replace", env=env)
         except OSError as e:
             raise BuildError(f"could not run {cmd[0]}: {e}", "check the installation") from None
         for line in proc.stdout:
             log.write(line)
-            m = _STEP.match(line) if progress else None
+            m = _STEP.match(line) if progress is not None else None
             if m:
                 n, total, desc = int(m.group(1)), int(m.group(2)), m.group(3)
                 target = desc.split()[-1] if desc.split() else ""
-                short = f"[{n}/{total}] {Path(target).name}"[:78]
-                if tty:
-                    print(f"\r\033[K{short}", end="", flush=True)
-                elif n == total or time.monotonic() - last_shown > 10:
-                    print(short, flush=True)
-                    last_shown = time.monotonic()
+                progress.update(f"{what} [{n}/{total}] {Path(target).name}", final=n == total)
         rc = proc.wait()
-    if tty and progress:
-        print("\r\033[K", end="", flush=True)
     if rc != 0:
         tail = "".join(log_file.read_text(errors="replace").splitlines(keepends=True)[-25:])
         raise BuildError(f"{what} failed (exit {rc}); last lines of {log_file}:\n{tail}",

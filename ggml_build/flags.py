@@ -68,8 +68,16 @@ def parse_backends(text: str | None, plat: Platform) -> tuple[str, ...]:
 
 
 def cmake_flags(backends: tuple[str, ...], plat: Platform, *, native: bool = False,
-                cuda_arch: str | None = None) -> dict[str, str]:
-    """The -D options for a configuration (besides paths)."""
+                cuda_arch: str | None = None, portable: bool = False) -> dict[str, str]:
+    """The -D options for a configuration (besides paths).
+
+    The CPU backend is built as llama.cpp's own releases build it: llamafile's sgemm kernels
+    on (ggml's standalone default is off; on, a 1024^3 f32 matmul runs about numpy's speed
+    instead of 2.4x slower), no -march=native unless asked. `portable` is the layout of
+    llama.cpp's release binaries: backends as modules loaded at run time (GGML_BACKEND_DL) and
+    one CPU module per instruction-set level (GGML_CPU_ALL_VARIANTS), the best one chosen on
+    the machine that runs it; without it, GGML_NATIVE=OFF on x86-64 still compiles AVX2/FMA
+    code that dies with SIGILL on older processors."""
     origin = "@loader_path" if plat.system == "Darwin" else "$ORIGIN"
     flags = {
         "CMAKE_BUILD_TYPE": "Release",
@@ -78,13 +86,21 @@ def cmake_flags(backends: tuple[str, ...], plat: Platform, *, native: bool = Fal
         "GGML_BUILD_TESTS": "OFF",
         "GGML_BUILD_EXAMPLES": "OFF",
         "GGML_RPC": "ON",
-        "GGML_BACKEND_DL": "OFF",
+        "GGML_BACKEND_DL": "ON" if portable else "OFF",
+        "GGML_LLAMAFILE": "ON",
+        # one file per library (libggml.so, no .so.0 symlinks): wheels do not keep symlinks
+        "CMAKE_PLATFORM_NO_VERSIONED_SONAME": "ON",
         "CMAKE_INSTALL_RPATH": origin,
         "CMAKE_BUILD_WITH_INSTALL_RPATH": "ON",
         "GGML_METAL": "OFF",
         "GGML_CUDA": "OFF",
         "GGML_VULKAN": "OFF",
     }
+    if portable:
+        if native:
+            raise BuildError("--portable and --native contradict each other",
+                             "--native tunes for this processor; --portable runs on any")
+        flags["GGML_CPU_ALL_VARIANTS"] = "ON"
     if "metal" in backends:
         flags.update(GGML_METAL="ON", GGML_METAL_EMBED_LIBRARY="ON")
     if "cuda" in backends:
@@ -95,7 +111,8 @@ def cmake_flags(backends: tuple[str, ...], plat: Platform, *, native: bool = Fal
 
 
 def config_name(release: str, backends: tuple[str, ...], *, native: bool = False,
-                cuda_arch: str | None = None, source: str | None = None) -> str:
+                cuda_arch: str | None = None, source: str | None = None,
+                portable: bool = False) -> str:
     """One output folder per release and configuration, e.g. ``ggml-0.25.3-cpu-rpc``."""
     parts = [f"ggml-{release}"]
     if source is not None:  # a local tree: keep different checkouts apart
@@ -104,4 +121,6 @@ def config_name(release: str, backends: tuple[str, ...], *, native: bool = False
         parts.append(f"cuda{cuda_arch}" if b == "cuda" and cuda_arch else b)
     if native:
         parts.append("native")
+    if portable:
+        parts.append("portable")
     return "-".join(parts)

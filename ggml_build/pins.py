@@ -15,11 +15,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BuildError
+from .progress import human_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "vendor" / "releases.toml"
@@ -85,8 +87,13 @@ def verify(archive: Path, pin: Pin) -> None:
             f"(if upstream re-published it, update vendor/releases.toml deliberately)")
 
 
-def fetch(pin: Pin, cache: Path | None = None, log=print) -> Path:
-    """Return the verified sdist for `pin`, downloading it into the cache when missing."""
+def fetch(pin: Pin, cache: Path | None = None, log=print, origin: Path | None = None) -> Path:
+    """Return the verified sdist for `pin`, downloading it into the cache when missing.
+
+    `origin` is an archive already on disk (an offline machine): it is verified and copied
+    into the cache instead of downloading. Downloading uses pip (`pip download`, the machine's
+    index settings); pip is declared in pyproject's build requirements, so this also works
+    inside pip's isolated build environment."""
     cache = cache or cache_dir()
     archive = cache / pin.file
     if archive.exists():
@@ -99,21 +106,48 @@ def fetch(pin: Pin, cache: Path | None = None, log=print) -> Path:
     except OSError as e:
         raise BuildError(f"cache folder {cache} is not writable ({e.strerror})",
                          "set GGML_PY_CACHE to a writable folder") from None
-    log(f"downloading {pin.package}=={pin.version} (carries ggml {pin.release}) with pip")
     with tempfile.TemporaryDirectory(dir=cache, prefix=".dl-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--disable-pip-version-check", "-q", "-d", tmp, f"{pin.package}=={pin.version}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
         got = Path(tmp) / pin.file
-        if proc.returncode != 0 or not got.exists():
-            lines = (proc.stderr or proc.stdout or "no output").strip().splitlines()
-            raise BuildError(
-                f"could not download {pin.package}=={pin.version} from the package index "
-                f"(pip: {lines[-1].strip()})",
-                f"check the network or pip's index settings, or put {pin.file} into {cache}")
+        if origin is not None:
+            origin = Path(origin)
+            if origin.is_dir():
+                origin = origin / pin.file
+            if not origin.is_file():
+                raise BuildError(f"{origin} does not exist",
+                                 f"pass the downloaded {pin.file} (or the folder holding it)")
+            shutil.copyfile(origin, got)
+        else:
+            _download(pin, Path(tmp), log)
         verify(got, pin)
         os.replace(got, archive)  # atomic: the cache never holds a half-written archive
     return archive
+
+
+def _download(pin: Pin, dest: Path, log) -> None:
+    log(f"download {pin.package}=={pin.version} (carries ggml {pin.release}) with pip")
+    try:
+        import pip  # noqa: F401  (declared in [build-system].requires for isolated builds)
+    except ImportError:
+        raise BuildError(
+            "pip is not importable by this Python, so the pinned sdist cannot be downloaded",
+            f"install pip, or download {pin.file} elsewhere and give it with "
+            f"`python build_ggml.py fetch --from FILE` (or put it into {cache_dir()})") from None
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+           "--disable-pip-version-check", "-q", "-d", str(dest),
+           f"{pin.package}=={pin.version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    got = dest / pin.file
+    if not got.exists():
+        lines = (proc.stderr or proc.stdout or "no output").strip().splitlines()
+        raise BuildError(
+            f"could not download {pin.package}=={pin.version} from the package index "
+            f"(pip: {lines[-1].strip()})",
+            f"check the network or pip's index settings; offline, download {pin.file} "
+            f"elsewhere and run `python build_ggml.py fetch --from FILE`")
+    dt = max(time.monotonic() - t0, 1e-3)
+    size = got.stat().st_size
+    log(f"downloaded {pin.file}: {human_bytes(size)} in {dt:.1f} s ({human_bytes(size / dt)}/s)")
 
 
 def tree_dir(pin: Pin) -> Path:
@@ -170,13 +204,15 @@ def extract(pin: Pin, archive: Path) -> Path:
     return dest
 
 
-def prepare(release: str, log=print) -> Path:
+def prepare(release: str, log=print, origin: Path | None = None) -> Path:
     """The verified ggml tree of `release`, fetching and extracting as needed."""
     pin = pin_for(release)
     tree = extracted_tree(pin)
-    if tree is not None:
+    if tree is not None and origin is None:
         return tree
-    return extract(pin, fetch(pin, log=log))
+    archive = fetch(pin, log=log, origin=origin)
+    log(f"extract {pin.tree}/ of {archive.name} -> vendor/{pin.release}/")
+    return extract(pin, archive)
 
 
 def check_source(path: Path) -> Path:
