@@ -1,21 +1,33 @@
 """``python -m ggml_py``: what this build sees, and a matmul on every device checked against numpy.
 
-    python -m ggml_py                 # table of registries, devices, buffer types + matmul check
-    python -m ggml_py rpc-server ...  # serve devices over ggml's RPC (see --help)
+    python -m ggml_py                 # registries, devices, buffer types + a matmul check each
+    python -m ggml_py --json          # the same facts as JSON, for scripts
+    python -m ggml_py rpc-server ...  # serve devices over ggml's RPC
+    python -m ggml_py compare A B     # what changed between two ggml releases or builds
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+from typing import Any, TextIO
 
 import numpy as np
+
+MATMUL_NMSE = 5e-4   # test-backend-ops' threshold for mul_mat
+
+COMMANDS = {
+    "rpc-server": "serve this machine's devices over ggml's RPC (see rpc-server --help)",
+    "compare": "compare two ggml releases, builds or trees: API, devices, ops, speed",
+}
 
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def matmul_check(dev, m=64, k=128, n=32, seed=0) -> float:
+def matmul_check(dev: Any, m: int = 64, k: int = 128, n: int = 32, seed: int = 0) -> float:
     """Compute A @ B on `dev`; return the NMSE against numpy (test-backend-ops' metric)."""
     import ggml_py as gg
     rng = np.random.default_rng(seed)
@@ -33,44 +45,127 @@ def matmul_check(dev, m=64, k=128, n=32, seed=0) -> float:
     return float(np.sum((got - ref) ** 2) / np.sum(ref ** 2))
 
 
-def show(out=sys.stdout) -> int:
+def cpu_variant() -> str | None:
+    """Which CPU backend module ggml loaded, in a GGML_CPU_ALL_VARIANTS build (e.g.
+    "haswell"), read from the process' mappings; None where the CPU backend is linked."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        name = line.rsplit("/", 1)[-1]
+        if name.startswith("libggml-cpu-") and name.endswith(".so"):
+            return name[len("libggml-cpu-"):-len(".so")]
+    return None
+
+
+def facts() -> dict[str, Any]:
+    """The build, registries and devices as plain data (stable keys: see `--json`)."""
     import ggml_py as gg
     info = gg.build_info()
-    print(f"ggml {gg.ggml_version()}  build {info['folder']}  ({info['bindings']} bindings, "
-          f"{info['functions']} functions)", file=out)
-    print("\nregistries:", ", ".join(f"{r.name} ({len(r.devices)})" for r in gg.registries()), file=out)
-    print(f"\n{'device':<10} {'type':<6} {'memory free/total':<22} {'caps':<34} description", file=out)
+    devs = []
     for d in gg.devices():
         free, total = d.memory
         c = d.caps
-        caps = ",".join(n for n, v in (("async", c.async_), ("host_buffer", c.host_buffer),
-                                       ("from_host_ptr", c.buffer_from_host_ptr),
-                                       ("events", c.events)) if v) or "-"
-        print(f"{d.name:<10} {d.type:<6} {_gib(free) + ' / ' + _gib(total):<22} {caps:<34} "
-              f"{d.description}", file=out)
-        for b in d.buffer_types:
-            print(f"{'':<10}   buffer type {b.name:<16} align {b.alignment:<5} host={b.is_host}", file=out)
-    print("\nmatmul 64x128 @ 128x32, f32, NMSE vs numpy (threshold 5e-4):", file=out)
-    failed = 0
+        devs.append({
+            "name": d.name, "type": d.type, "description": d.description,
+            "registry": d.registry.name, "device_id": d.device_id,
+            "memory": {"free": free, "total": total},
+            "caps": {"async": c.async_, "host_buffer": c.host_buffer,
+                     "buffer_from_host_ptr": c.buffer_from_host_ptr, "events": c.events},
+            "buffer_types": [{"name": b.name, "alignment": b.alignment, "is_host": b.is_host}
+                             for b in d.buffer_types],
+        })
+    return {
+        "ggml_version": gg.ggml_version(),
+        "build": {"folder": info["folder"], "release": info["release"],
+                  "backends": info["backends"], "bindings": info["bindings"],
+                  "functions": info["functions"],
+                  "backend_dl": bool(gg.BUILD.get("backend_dl")),
+                  "cpu_variant": cpu_variant()},
+        "registries": [{"name": r.name, "devices": len(r.devices)} for r in gg.registries()],
+        "devices": devs,
+    }
+
+
+def show(out: TextIO = sys.stdout, as_json: bool = False) -> int:
+    import ggml_py as gg
+    f = facts()
+    checks = {}
     for d in gg.devices():
         try:
-            err = matmul_check(d)
-            ok = err < 5e-4
+            err: float | str = matmul_check(d)
+            ok = isinstance(err, float) and err < MATMUL_NMSE
         except gg.GGMLError as e:
             err, ok = str(e), False
-        failed += not ok
-        print(f"  {d.name:<10} {'ok  ' if ok else 'FAIL'} {err}", file=out)
+        checks[d.name] = {"ok": ok, "nmse": err if isinstance(err, float) else None,
+                          "error": None if isinstance(err, float) else err}
+    failed = sum(not c["ok"] for c in checks.values())
+    if as_json:
+        for d in f["devices"]:
+            d["matmul_check"] = checks[d["name"]]
+        json.dump(f, out, indent=2)
+        out.write("\n")
+        return 1 if failed else 0
+
+    b = f["build"]
+    print(f"ggml {f['ggml_version']}  build {b['folder']}  ({b['bindings']} bindings, "
+          f"{b['functions']} functions)", file=out)
+    if b["backend_dl"]:
+        print(f"backends loaded as modules (GGML_BACKEND_DL); CPU variant: "
+              f"{b['cpu_variant'] or 'unknown'}", file=out)
+    print("\nregistries:", ", ".join(f"{r['name']} ({r['devices']})" for r in f["registries"]),
+          file=out)
+    print(f"\n{'device':<10} {'type':<6} {'memory free/total':<22} {'caps':<34} description",
+          file=out)
+    for d in f["devices"]:
+        caps = ",".join(k.replace("buffer_from_host_ptr", "from_host_ptr")
+                        for k, v in d["caps"].items() if v) or "-"
+        mem = _gib(d["memory"]["free"]) + " / " + _gib(d["memory"]["total"])
+        where = f"  [{d['device_id']}]" if d["device_id"] else ""
+        print(f"{d['name']:<10} {d['type']:<6} {mem:<22} {caps:<34} {d['description']}{where}",
+              file=out)
+        for bt in d["buffer_types"]:
+            print(f"{'':<10}   buffer type {bt['name']:<16} align {bt['alignment']:<5} "
+                  f"host={bt['is_host']}", file=out)
+    print(f"\nmatmul 64x128 @ 128x32, f32, NMSE vs numpy (threshold {MATMUL_NMSE:g}):", file=out)
+    for name, c in checks.items():
+        print(f"  {name:<10} {'ok  ' if c['ok'] else 'FAIL'} {c['nmse'] if c['error'] is None else c['error']}",
+              file=out)
     return 1 if failed else 0
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ggml_py",
+        description="Without a command: list this build's registries, devices and buffer types, "
+                    "and check a matmul against numpy on every device (exit 1 if one fails).",
+        epilog="commands:\n" + "\n".join(f"  {k:<12} {v}" for k, v in COMMANDS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true",
+                   help="print the facts and checks as JSON (keys: ggml_version, build, "
+                        "registries, devices)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "rpc-server":
-        from .rpc import server_main
-        return server_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m ggml_py", description=__doc__.split("\n\n")[0])
-    parser.parse_args(argv)
-    return show()
+    try:
+        if argv and argv[0] == "rpc-server":
+            from ._rpc_server import main as server_main
+            return server_main(argv[1:])
+        if argv and argv[0] == "compare":
+            try:
+                from .compare import main as compare_main
+            except ImportError as e:
+                print(f"python -m ggml_py compare: not available in this installation ({e})",
+                      file=sys.stderr)
+                return 2
+            return int(compare_main(argv[1:]))
+        args = _parser().parse_args(argv)
+        return show(as_json=args.json)
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -55,13 +55,28 @@ def build_dir() -> Path:
     return cands[0] if cands else wanted
 
 
+def available_builds() -> list[Path]:
+    """Finished build folders under lib/ (a folder without build.json is not one)."""
+    return sorted(p.parent for p in LIB_ROOT.glob("*/build.json"))
+
+
+def _missing_build_message(folder: Path) -> str:
+    found = available_builds()
+    have = ("builds here: " + ", ".join(p.name for p in found)) if found else \
+        f"there is no build in {LIB_ROOT}"
+    if os.environ.get("GGML_PY_BUILD"):
+        return (f"ggml_py: GGML_PY_BUILD={os.environ['GGML_PY_BUILD']} names no finished build "
+                f"({folder}); {have}. Set GGML_PY_BUILD to one of them, or make one with: "
+                "python build_ggml.py --ggml <release> [--backends ...] (it prints the folder)")
+    return (f"ggml_py: no ggml build in {folder}; {have}. Build the default with: "
+            "python build_ggml.py (from the source checkout), or reinstall: pip install -e .")
+
+
 def load():
     folder = build_dir()
     info_path = folder / "build.json"
     if not info_path.exists():
-        hint = ("python build_ggml.py" if not os.environ.get("GGML_PY_BUILD")
-                else "python build_ggml.py --ggml <release> (and set GGML_PY_BUILD to the folder it prints)")
-        raise ImportError(f"ggml_py: no ggml build in {folder}. Build one with: {hint}")
+        raise ImportError(_missing_build_message(folder))
     info = json.loads(info_path.read_text())
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # ggml's abort handler would spawn gdb
     if "vulkan" in info.get("backends", []):

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import signal
 import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 import warnings
 import weakref
@@ -25,7 +23,7 @@ from pathlib import Path
 
 from ._loader import BUILD, BUILD_DIR, LIB_ROOT, ffi, lib
 from .errors import GGMLError, RPCError, RPCVersionError, require
-from .registry import Device, Registry, device as _lookup, usable_cores
+from .registry import Device, Registry, device as _lookup
 
 WARNING = ("ggml's RPC server has no authentication or encryption: anyone who can reach "
            "{endpoint} can use its devices. Never expose it to an untrusted network.")
@@ -257,50 +255,4 @@ def connect(endpoint: str, timeout: float = 5.0) -> Registry:
     return reg
 
 
-# -- the server process ------------------------------------------------------------------------
-def _watch_parent(parent: int) -> None:
-    """Exit when the parent dies (the server must never outlive it)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    def loop():
-        while True:
-            if os.getppid() != parent:
-                os._exit(0)
-            time.sleep(0.5)
-    threading.Thread(target=loop, daemon=True).start()
-
-
-def server_main(argv) -> int:
-    """``python -m ggml_py rpc-server``: serve devices over ggml RPC until killed."""
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m ggml_py rpc-server",
-                                description="Serve local ggml devices over RPC (no authentication!)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50052)
-    p.add_argument("--device", action="append", help="device name (repeatable; default CPU)")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--cache-dir", default=None)
-    p.add_argument("--allow-remote", action="store_true",
-                   help="allow binding to a non-loopback address")
-    p.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if not 0 < args.port < 65536:
-        p.error("--port must be 1..65535")
-    if not _is_loopback(args.host):
-        if not args.allow_remote and args.parent is None:
-            p.error(f"--host {args.host} is not loopback; add --allow-remote to expose the server")
-        print("WARNING: " + WARNING.format(endpoint=f"{args.host}:{args.port}"), file=sys.stderr)
-    if args.parent:
-        _watch_parent(args.parent)
-    try:
-        devs = [_lookup(n) for n in (args.device or ["CPU"])]
-    except LookupError as e:
-        print(f"rpc-server: {e}", file=sys.stderr)
-        return 2
-    arr = ffi.new("ggml_backend_dev_t[]", [d.ptr for d in devs])
-    endpoint = f"{args.host}:{args.port}".encode()
-    cache = args.cache_dir.encode() if args.cache_dir else ffi.NULL
-    sys.stdout.flush()
-    lib.ggml_backend_rpc_start_server(endpoint, cache, args.threads or usable_cores(), len(devs), arr)
-    return 0
+# The server process itself (`python -m ggml_py rpc-server`) is ggml_py/_rpc_server.py.

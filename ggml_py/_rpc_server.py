@@ -1,0 +1,133 @@
+"""``python -m ggml_py rpc-server``: the process that serves local devices over ggml's RPC.
+
+``gg.rpc.serve()`` starts this in a child process; people start it from a shell. ggml's
+``ggml_backend_rpc_start_server`` blocks forever in C and returns only when it cannot listen,
+so it runs in a thread of its own: the main thread stays in Python, where Ctrl-C ends the
+process quietly with status 130.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+DEFAULT_PORT = 50052
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:          # macOS
+        return os.cpu_count() or 1
+
+
+def _parser(max_threads: int) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ggml_py rpc-server",
+        description="Serve this machine's ggml devices over ggml's RPC protocol until stopped "
+                    "(Ctrl-C or SIGTERM). ggml's RPC has NO authentication or encryption: "
+                    "whoever reaches the port can use the devices and read their memory.",
+)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1); anything but loopback needs "
+                        "--allow-remote")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port, 1..65535 (default: {DEFAULT_PORT})")
+    p.add_argument("--device", action="append", metavar="NAME",
+                   help="device to serve, by name as `python -m ggml_py` lists it "
+                        "(repeatable; default: CPU)")
+    p.add_argument("--threads", type=int, default=_usable_cores(),
+                   help=f"CPU threads for the served CPU device, 1..{max_threads} (default: the "
+                        "cores this process may use)")
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="folder where the server caches tensors clients send by hash "
+                        "(default: no cache)")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback --host (exposes the devices to the network; "
+                        "default: refused)")
+    p.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the parent dies (a server started by serve() never outlives its Python)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    def loop() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(0)
+            time.sleep(0.5)
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def _can_listen(host: str, port: int) -> str | None:
+    """None when (host, port) is free to listen on, else the reason it is not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ggml's server does
+            s.bind((host, port))
+            s.listen(1)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return f"port {port} is already in use on {host}"
+        return f"cannot listen on {host}:{port}: {e.strerror or e}"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    from ._loader import backend_fn, ffi, lib
+    from . import device
+    from .rpc import WARNING, _is_loopback
+
+    max_threads = int(getattr(lib, "GGML_MAX_N_THREADS", 512))
+    p = _parser(max_threads)
+    args = p.parse_args(argv)
+    if not 0 < args.port < 65536:
+        p.error(f"--port must be 1..65535, got {args.port}")
+    if not 1 <= args.threads <= max_threads:
+        p.error(f"--threads must be 1..{max_threads}, got {args.threads}")
+    if not _is_loopback(args.host):
+        if not args.allow_remote and args.parent is None:
+            p.error(f"--host {args.host} is not loopback; add --allow-remote to expose the server")
+        print("WARNING: " + WARNING.format(endpoint=f"{args.host}:{args.port}"), file=sys.stderr)
+    if args.parent:
+        _watch_parent(args.parent)
+    try:
+        devs = [device(n) for n in (args.device or ["CPU"])]
+    except LookupError as e:
+        print(f"rpc-server: {e}", file=sys.stderr)
+        return 2
+    busy = _can_listen(args.host, args.port)
+    if busy:
+        print(f"rpc-server: {busy}; choose another --port", file=sys.stderr)
+        return 1
+    start = backend_fn("ggml_backend_rpc_start_server",
+                       "void (*)(const char *, const char *, size_t, size_t, ggml_backend_dev_t *)")
+    if start is None:
+        print("rpc-server: this build has no RPC server", file=sys.stderr)
+        return 1
+    arr = ffi.new("ggml_backend_dev_t[]", [d.ptr for d in devs])
+    endpoint = f"{args.host}:{args.port}".encode()
+    cache = ffi.new("char[]", args.cache_dir.encode()) if args.cache_dir else ffi.NULL
+    sys.stdout.flush()
+    # the C call releases the GIL and never returns while it serves
+    server = threading.Thread(target=start, daemon=True,
+                              args=(endpoint, cache, args.threads, len(devs), arr))
+    server.start()
+    try:
+        while server.is_alive():
+            server.join(0.5)
+    except KeyboardInterrupt:
+        sys.stderr.flush()
+        os._exit(130)          # quietly; ggml's server thread cannot be stopped otherwise
+    print(f"rpc-server: ggml's server stopped: it could not listen on {args.host}:{args.port}",
+          file=sys.stderr)
+    return 1
