@@ -1,14 +1,16 @@
 """CUDA measurements, each against its baselines in the same run (for the GPU machine):
 
-  1. mul_mat, f16 and f32 weights, N x N x N for N in 4096 and 8192: ggml_py vs upstream's
-     test-backend-ops `perf` (built from the same tree with build_ggml.py --with-tests, fed
-     the same shapes through --test-file) vs torch.matmul: TFLOP/s and ratios. ggml's CUDA
-     f32 mul_mat runs on tensor cores at reduced precision, so its f32 row is also set
-     against torch with TF32 allowed;
+  1. mul_mat N x N x N for N in 4096 and 8192, for operand pairs (weights x activations)
+     f16 x f32, f16 x f16, bf16 x bf16 and f32 x f32: ggml_py vs torch.matmul of the same
+     types (f16 x f32 against torch's f16 x f16), and vs upstream's test-backend-ops `perf`
+     where it was built (build_ggml.py --with-tests), fed the same shapes through --test-file:
+     TFLOP/s and ratios. ggml's CUDA f32 mul_mat runs on tensor cores at reduced precision,
+     so its f32 row is also set against torch with TF32 allowed;
   2. device-to-device copy_async (two backends of CUDA0) vs torch's copy of the same bytes;
   3. Python-side cost of one compute of a small graph (100 tiny adds) vs the native program.
 
     python benchmarks/bench_cuda.py [--device CUDA0] [--sizes 4096,8192]
+        [--pairs f16xf32,f16xf16,bf16xbf16,f32xf32] [--only matmul]
 """
 import argparse
 import re
@@ -28,14 +30,26 @@ def tflops(n, seconds):
     return 2 * n ** 3 / seconds / 1e12
 
 
-def ggml_py_matmul(dev, n, wtype, reps):
+BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+
+
+def operand(x, type_name):
+    """`x` (float32) as the host array a tensor of `type_name` takes: numpy's own dtype, or
+    raw bytes for bf16 (the high half of each float32, rounded to nearest even)."""
+    if type_name == "bf16":
+        bits = x.view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16).view(np.uint8)
+    return x.astype({"f32": np.float32, "f16": np.float16}[type_name])
+
+
+def ggml_py_matmul(dev, n, wtype, btype, reps):
     rng = np.random.default_rng(0)
     with dev.backend() as be, gg.Context() as ctx:
         a = ctx.tensor(gg.TYPES[wtype], (n, n))
-        b = ctx.tensor(gg.f32, (n, n))
+        b = ctx.tensor(gg.TYPES[btype], (n, n))
         ctx.alloc(be)
-        a.set(rng.standard_normal((n, n), dtype=np.float32).astype(a.dtype))
-        b.set(rng.standard_normal((n, n), dtype=np.float32))
+        a.set(operand(rng.standard_normal((n, n), dtype=np.float32), wtype))
+        b.set(operand(rng.standard_normal((n, n), dtype=np.float32), btype))
         g = gg.Graph(gg.mul_mat(a, b))
         be.compute(g)
         t = time.perf_counter()
@@ -45,16 +59,16 @@ def ggml_py_matmul(dev, n, wtype, reps):
         return (time.perf_counter() - t) / reps
 
 
-def perf_matmul(exe, dev, n, wtype):
+def perf_matmul(exe, dev, n, wtype, btype):
     """us per run from test-backend-ops perf for the same mul_mat (a test-file case)."""
-    ts = {"f32": 4, "f16": 2}[wtype]
-    tid = int(gg.TYPES[wtype])
     op = int(gg.lib.GGML_OP_MUL_MAT)
     f32 = int(gg.lib.GGML_TYPE_F32)
+
+    def src(t):
+        ts = BYTES[t]
+        return f"{int(gg.TYPES[t])} {n} {n} 1 1 {ts} {ts * n} {ts * n * n} {ts * n * n}"
     # op type ne0..3 n_params n_src [type ne0..3 nb0..3]... name
-    line = (f"{op} {f32} {n} {n} 1 1 0 2 "
-            f"{tid} {n} {n} 1 1 {ts} {ts * n} {ts * n * n} {ts * n * n} "
-            f"{f32} {n} {n} 1 1 4 {4 * n} {4 * n * n} {4 * n * n} -\n")
+    line = f"{op} {f32} {n} {n} 1 1 0 2 {src(wtype)} {src(btype)} -\n"
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(line)
     out = subprocess.run([str(exe), "perf", "-b", dev, "--test-file", f.name],
@@ -66,7 +80,7 @@ def perf_matmul(exe, dev, n, wtype):
 def torch_matmul(n, wtype, reps, tf32=False):
     import torch
     torch.backends.cuda.matmul.allow_tf32 = tf32
-    dt = {"f32": torch.float32, "f16": torch.float16}[wtype]
+    dt = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[wtype]
     a = torch.randn(n, n, device="cuda", dtype=dt)
     b = torch.randn(n, n, device="cuda", dtype=dt)
     torch.matmul(a, b)
@@ -116,6 +130,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="CUDA0")
     ap.add_argument("--sizes", default="4096,8192")
+    ap.add_argument("--pairs", default="f16xf32,f16xf16,bf16xbf16,f32xf32",
+                    help="weights x activations types of the mul_mat rows")
+    ap.add_argument("--only", choices=("matmul",), help="skip the copy and small-graph rows")
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
     dev = gg.device(args.device)
@@ -123,11 +140,12 @@ def main():
     print(f"ggml {gg.ggml_version()} on {dev.name} ({dev.description}); "
           f"test-backend-ops: {'yes' if exe.exists() else 'not built (--with-tests)'}")
     for n in (int(s) for s in args.sizes.split(",")):
-        for wtype in ("f16", "f32"):
-            ours = ggml_py_matmul(dev, n, wtype, args.reps)
-            perf = perf_matmul(exe, dev.name, n, wtype) if exe.exists() else None
+        for pair in args.pairs.split(","):
+            wtype, btype = pair.split("x")
+            ours = ggml_py_matmul(dev, n, wtype, btype, args.reps)
+            perf = perf_matmul(exe, dev.name, n, wtype, btype) if exe.exists() else None
             torch_t = torch_matmul(n, wtype, args.reps)
-            line = (f"mul_mat {wtype} {n}^3: ggml_py {tflops(n, ours):.1f} TFLOP/s, "
+            line = (f"mul_mat {wtype} x {btype} {n}^3: ggml_py {tflops(n, ours):.1f} TFLOP/s, "
                     f"torch.matmul ({wtype} x {wtype}) {tflops(n, torch_t):.1f} "
                     f"({torch_t / ours:.2f}x of torch's speed)")
             if wtype == "f32":
@@ -136,6 +154,8 @@ def main():
             if perf:
                 line += f", test-backend-ops {tflops(n, perf):.1f} ({perf / ours:.3f}x of native's speed)"
             print(line, flush=True)
+    if args.only == "matmul":
+        return
     copy_bandwidth(dev, 1 << 30, args.reps)
     small_graph(dev, 100, 200)
 

@@ -1,9 +1,14 @@
-"""Two GPUs (issue 7; needs CUDA0 and CUDA1), each against its baseline in the same run:
+"""Two GPUs (issues 7 and 17; needs CUDA0 and CUDA1), each against its baseline in the same run:
 
-  1. peer copy_async CUDA0 -> CUDA1, ordered by an event, vs torch's x.to("cuda:1");
-  2. a stack of matmul + tanh layers split over both GPUs by the scheduler vs on one GPU.
+  1. copy_async CUDA0 -> CUDA1, ordered by an event, vs torch's copy of the same bytes:
+     x.to("cuda:1") where torch sees two GPUs; with one physical GPU split into virtual devices
+     (GGML_CUDA_DEVICES=2) torch sees one, and the baseline is a cuda:0 -> cuda:0 copy_;
+  2. a stack of matmul + tanh layers on one GPU, split in two halves over both GPUs by the
+     scheduler (a 2-stage pipeline), and alternating between them layer by layer: the time
+     each extra split costs, against one GPU.
 
     python benchmarks/bench_multi_gpu.py [--mib 1024] [--layers 16] [--width 8192]
+    GGML_CUDA_DEVICES=2 python benchmarks/bench_multi_gpu.py     # one physical GPU
 """
 import argparse
 import time
@@ -30,16 +35,20 @@ def peer_copy(d0, d1, nbytes, reps):
         ours = (time.perf_counter() - t) / reps
     import torch
     x = torch.empty(nbytes, dtype=torch.int8, device="cuda:0")
-    x.to("cuda:1")
-    torch.cuda.synchronize("cuda:1")
+    if torch.cuda.device_count() > 1:
+        what, y = "x.to('cuda:1')", torch.empty_like(x, device="cuda:1")
+    else:   # virtual devices on one GPU: torch sees one
+        what, y = "cuda:0 -> cuda:0 copy_", torch.empty_like(x)
+    y.copy_(x)
+    torch.cuda.synchronize(y.device)
     t = time.perf_counter()
     for _ in range(reps):
-        x.to("cuda:1")
-    torch.cuda.synchronize("cuda:1")
+        y.copy_(x)
+    torch.cuda.synchronize(y.device)
     theirs = (time.perf_counter() - t) / reps
     gb = nbytes / 1e9
-    print(f"peer copy {d0.name}->{d1.name} {nbytes >> 20} MiB: ggml_py {gb / ours:.0f} GB/s, "
-          f"torch .to('cuda:1') {gb / theirs:.0f} GB/s ({theirs / ours:.2f}x of torch's speed)")
+    print(f"copy_async {d0.name}->{d1.name} {nbytes >> 20} MiB: ggml_py {gb / ours:.0f} GB/s, "
+          f"torch {what} {gb / theirs:.0f} GB/s ({theirs / ours:.2f}x of torch's speed)")
 
 
 def pipeline(d0, d1, cpu, layers, width, reps):
@@ -48,14 +57,16 @@ def pipeline(d0, d1, cpu, layers, width, reps):
          for _ in range(layers)]
     x = rng.standard_normal((512, width)).astype(np.float32)
     times = {}
-    for mode in ("one GPU", "two GPUs"):
+    home = {"one GPU": lambda i: 0, "two halves": lambda i: int(i >= layers // 2),
+            "alternating": lambda i: i % 2}
+    for mode, side in home.items():
         b0, b1, bc = d0.backend(), d1.backend(), cpu.backend()
         ctx0, ctx1 = gg.Context(), gg.Context()
-        homes = [ctx0 if mode == "one GPU" or i < layers // 2 else ctx1 for i in range(layers)]
+        homes = [(ctx0, ctx1)[side(i)] for i in range(layers)]
         ws = [c.from_numpy(wi) for c, wi in zip(homes, w)]
         xin = ctx0.from_numpy(x)
         ctx0.alloc(b0)
-        if mode == "two GPUs":
+        if mode != "one GPU":
             ctx1.alloc(b1)
         for t, wi in zip(ws, w):
             t.set(wi)
@@ -74,9 +85,14 @@ def pipeline(d0, d1, cpu, layers, width, reps):
         ctx1.close()
         for b in (b0, b1, bc):
             b.close()
-    (t1, s1, _), (t2, s2, c2) = times["one GPU"], times["two GPUs"]
-    print(f"{layers} layers of {width}x{width} f16: one GPU {t1 * 1e3:.2f} ms ({s1} splits), "
-          f"two GPUs {t2 * 1e3:.2f} ms ({s2} splits, {c2} copies): {t1 / t2:.2f}x")
+    t1, s1, _ = times["one GPU"]
+    print(f"{layers} layers of {width}x{width} f16 weights, {512}x{width} f32 activations: "
+          f"one GPU {t1 * 1e3:.2f} ms ({s1} splits)")
+    for mode in ("two halves", "alternating"):
+        t2, s2, c2 = times[mode]
+        extra = f", {(t2 - t1) / (s2 - s1) * 1e6:+.0f} us per extra split" if s2 > s1 else ""
+        print(f"  {d0.name}+{d1.name}, {mode}: {t2 * 1e3:.2f} ms ({s2} splits, {c2} copies): "
+              f"{t1 / t2:.2f}x of one GPU's speed{extra}")
 
 
 def main():
