@@ -31,3 +31,86 @@ def test_readme_quick_start_is_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
     for line in quick:
         assert line in ci
+
+
+def run_main(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "ggml_py", *args], capture_output=True,
+                          text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
+
+
+def test_json_has_stable_keys():
+    r = run_main("--json")
+    assert r.returncode == 0, r.stderr
+    import json
+    data = json.loads(r.stdout)
+    assert set(data) == {"ggml_version", "build", "registries", "devices"}
+    assert {"folder", "release", "backends", "bindings", "backend_dl", "cpu_variant"} <= set(data["build"])
+    cpu = next(d for d in data["devices"] if d["name"] == "CPU")
+    assert set(cpu["caps"]) == {"async", "host_buffer", "buffer_from_host_ptr", "events"}
+    assert cpu["matmul_check"]["ok"] is True and cpu["matmul_check"]["nmse"] < 5e-4
+    assert cpu["buffer_types"][0]["name"] == "CPU"
+
+
+def test_help_lists_every_command():
+    r = run_main("--help")
+    assert r.returncode == 0
+    for cmd in ("rpc-server", "compare", "--json"):
+        assert cmd in r.stdout
+    r = run_main("rpc-server", "--help")
+    assert r.returncode == 0
+    for opt in ("--host", "--port", "--device", "--threads", "--cache-dir", "--allow-remote"):
+        assert opt in r.stdout
+    assert "default: 127.0.0.1" in r.stdout and "default: 50052" in r.stdout
+
+
+def test_missing_build_names_the_builds_there_are():
+    r = run_main(env={"GGML_PY_BUILD": "no-such-build"})
+    assert r.returncode != 0
+    assert "GGML_PY_BUILD=no-such-build names no finished build" in r.stderr
+    assert "builds here:" in r.stderr and "python build_ggml.py" in r.stderr
+
+
+def test_rpc_server_port_in_use_fails_with_the_reason():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_main("rpc-server", "--port", str(port))
+    assert r.returncode == 1
+    assert f"port {port} is already in use" in r.stderr
+
+
+def test_rpc_server_bad_options_are_refused():
+    r = run_main("rpc-server", "--threads", "0")
+    assert r.returncode == 2 and "--threads must be 1.." in r.stderr
+    r = run_main("rpc-server", "--port", "70000")
+    assert r.returncode == 2 and "--port must be 1..65535" in r.stderr
+    r = run_main("rpc-server", "--host", "0.0.0.0")
+    assert r.returncode == 2 and "--allow-remote" in r.stderr
+
+
+def test_rpc_server_ctrl_c_exits_quietly_with_130():
+    import signal
+    import socket
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, "-m", "ggml_py", "rpc-server", "--port", str(port)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:     # serving once it accepts a connection
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()
+                time.sleep(0.1)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 130
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
