@@ -385,9 +385,13 @@ def graph_svg(graph, scheduler=None) -> str:
     drawn bold. With a scheduler that placed the graph (`scheduler`, or ``graph.scheduler``),
     each box is coloured by the backend it runs on, with a legend."""
     try:
-        nodes, leafs = graph.nodes, graph.leafs
-    except GGMLError as e:
+        return _graph_svg(graph, scheduler)
+    except GGMLError as e:     # a context of the graph was closed
         return _svg_message(f"graph unavailable: {e}")
+
+
+def _graph_svg(graph, scheduler) -> str:
+    nodes, leafs = graph.nodes, graph.leafs
     if len(nodes) + len(leafs) > DRAW_LIMIT:
         return _svg_message(f"a graph of {len(nodes)} nodes and {len(leafs)} inputs: too large "
                             f"to draw (limit {DRAW_LIMIT}); Graph.to_dot() gives Graphviz text")
