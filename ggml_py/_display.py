@@ -133,7 +133,7 @@ def device_html(dev) -> str:
 def devices_html(devices=None) -> str:
     """A table of devices (every device of ``gg.devices()`` when `devices` is None)."""
     if devices is None:
-        from .registry import devices as all_devices
+        from . import devices as all_devices
         devices = all_devices()
     rows = []
     for d in devices:
@@ -289,6 +289,9 @@ def _placement(graph, scheduler):
     empty when no scheduler placed the graph."""
     if scheduler is None:
         scheduler = getattr(graph, "scheduler", None)
+    if scheduler is not None and _last_graph(scheduler) is not None \
+            and _last_graph(scheduler) is not graph:
+        return {}, [], {}     # that scheduler has placed another graph since
     if scheduler is None or _safe(lambda: scheduler.closed, True):
         return {}, [], {}
     labels = _backend_labels(scheduler)
@@ -549,6 +552,16 @@ def splits(sched, graph) -> list[dict]:
     return out
 
 
+def _last_graph(sched):
+    """The graph the scheduler placed last: ``sched.graph`` where the class offers it, else
+    the newest entry of its books of placed graphs (read only), else None."""
+    graph = getattr(sched, "graph", None)
+    if graph is None:
+        placed = getattr(sched, "_placed", None) or []
+        graph = placed[-1][0] if placed and isinstance(placed[-1], tuple) else None
+    return graph
+
+
 def scheduler_html(sched, graph=None) -> str:
     """A scheduler: its backends with their compute buffers, ggml's split and copy counts,
     and, for the graph it placed (`graph`, or ``sched.graph``), the splits in order and the
@@ -565,7 +578,7 @@ def scheduler_html(sched, graph=None) -> str:
                   "copies (ggml's counts for the last graph)")
     parts = ["<div>", head, _table(rows, ["backend", "compute buffer"])]
     if graph is None:
-        graph = getattr(sched, "graph", None)
+        graph = _last_graph(sched)
     if graph is not None:
         found = _safe(lambda: splits(sched, graph), []) or []
         if found:
