@@ -520,11 +520,13 @@ def _svg_message(text: str) -> str:
 # -- scheduler -------------------------------------------------------------------------------
 
 def splits(sched, graph) -> list[dict]:
-    """The graph's nodes grouped as the scheduler runs them: runs of consecutive nodes on one
-    backend (view ops go with the run they sit in), with the inputs each run takes from
-    another backend (the copies ggml's scheduler made). Each item is a dict with
-    ``backend`` (the device's name), ``nodes``, ``ops`` and ``inputs`` (names)."""
+    """The graph's nodes grouped as the scheduler runs them, following ggml's rules: a split
+    is a run of consecutive nodes on one backend (view ops go with the run they sit in),
+    and a new split starts where a node needs a weight copied from another backend after
+    the run already took inputs. Each item is a dict with ``backend`` (the device's name),
+    ``nodes``, ``ops`` and ``inputs`` (names of the tensors copied in)."""
     labels = _backend_labels(sched)
+    node_names = {n.name for n in graph.nodes}
     out, current = [], None
     for n in graph.nodes:
         b = _safe(lambda: sched.backend_of(n))
@@ -533,20 +535,23 @@ def splits(sched, graph) -> list[dict]:
                 current["nodes"].append(n)
             continue
         label = labels.get(b.name, b.name)
-        if current is None or current["backend"] != label:
+        ins = []
+        for s in n.src:
+            copy = _copy_of(s, labels)
+            if copy is not None:
+                ins.append((copy[1], copy[1] not in node_names))   # (name, a copied leaf)
+            else:
+                sb = _safe(lambda: sched.backend_of(s))
+                if sb is not None and labels.get(sb.name, sb.name) != label:
+                    ins.append((s.name or s.op, s.op == "NONE"))
+        new_weight = any(leaf and name not in current["inputs"] for name, leaf in ins) \
+            if current is not None else False
+        if current is None or current["backend"] != label or (new_weight and current["inputs"]):
             current = {"backend": label, "nodes": [], "ops": [], "inputs": []}
             out.append(current)
         current["nodes"].append(n)
         current["ops"].append(n.op)
-        for s in n.src:
-            copy = _copy_of(s, labels)
-            if copy is not None:
-                name = copy[1]
-            else:
-                sb = _safe(lambda: sched.backend_of(s))
-                if sb is None or labels.get(sb.name, sb.name) == label:
-                    continue
-                name = s.name or s.op
+        for name, _ in ins:
             if name not in current["inputs"]:
                 current["inputs"].append(name)
     return out
