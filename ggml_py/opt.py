@@ -1,0 +1,296 @@
+"""Training with ggml's own optimizer (``ggml-opt.h``): datasets, AdamW or SGD, epochs.
+
+ggml builds the backward graph itself (``ggml_build_backward_expand``), accumulates the
+gradients of the tensors marked as parameters, and updates them in place with an optimizer
+step op. This module wraps that with the checks ggml leaves to ``GGML_ASSERT`` (which aborts
+the process).
+
+    >>> from ggml_py import opt                                   # doctest: +SKIP
+    >>> data = opt.Dataset(X, onehot)                    # rows are data points
+    >>> ctx = gg.Context(); x = ctx.tensor(gg.f32, (batch, 2)); W = ctx.tensor(gg.f32, (3, 2))
+    >>> ctx.alloc(cpu_backend); W.set(w0)
+    >>> logits = gg.mul_mat(W, x)                        # built after alloc: left to the optimizer
+    >>> trainer = opt.Optimizer(cpu_backend, x, logits, params=[W], lr=0.05)
+    >>> train, val = trainer.epoch(data, val_split=0.2); train.loss, val.accuracy
+
+The inputs and parameters must have memory before the optimizer is made; the ops between
+inputs and outputs must not (the optimizer's scheduler places them, with the gradients).
+Parameters are updated in place: after training, ``W.numpy()`` holds the trained values and
+any graph over them computes with them.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ._handle import Owned
+from ._loader import ffi, lib
+from .errors import GGMLError, InvalidArgument, require
+
+LOSSES = {"mean": lib.GGML_OPT_LOSS_TYPE_MEAN, "sum": lib.GGML_OPT_LOSS_TYPE_SUM,
+          "cross_entropy": lib.GGML_OPT_LOSS_TYPE_CROSS_ENTROPY,
+          "mse": lib.GGML_OPT_LOSS_TYPE_MEAN_SQUARED_ERROR}
+OPTIMIZERS = {"adamw": lib.GGML_OPT_OPTIMIZER_TYPE_ADAMW, "sgd": lib.GGML_OPT_OPTIMIZER_TYPE_SGD}
+GRAPH_SIZE = int(lib.GGML_DEFAULT_GRAPH_SIZE)   # ggml-opt's graphs have this many slots
+
+
+class Result(NamedTuple):
+    """What one pass over (part of) a dataset measured; accuracy is NaN without labels to
+    compare (losses other than cross entropy)."""
+    loss: float
+    loss_unc: float
+    accuracy: float
+    accuracy_unc: float
+    ndata: int
+
+
+class Dataset(Owned):
+    """Data points (rows of `data`) and their labels (rows of `labels`), kept by ggml in host
+    memory (``ggml_opt_dataset``). `shard` rows move together when the dataset is shuffled."""
+
+    _kind = "dataset"
+
+    def __init__(self, data, labels=None, *, shard: int = 1):
+        data = _rows(data, "data")
+        if labels is not None:
+            labels = _rows(labels, "labels")
+            require(len(labels) == len(data),
+                    f"{len(data)} data points but {len(labels)} labels")
+        require(isinstance(shard, int) and shard >= 1 and len(data) % shard == 0,
+                f"shard must be an int >= 1 that divides the {len(data)} data points, got {shard!r}")
+        raw = lib.ggml_opt_dataset_init(lib.GGML_TYPE_F32, lib.GGML_TYPE_F32, data.shape[1],
+                                        0 if labels is None else labels.shape[1], len(data), shard)
+        if raw == ffi.NULL:
+            raise GGMLError("ggml_opt_dataset_init failed")
+        super().__init__(raw, lib.ggml_opt_dataset_free)
+        self.shard = shard
+        self.n_features = data.shape[1]
+        self.n_labels = 0 if labels is None else labels.shape[1]
+        lib.ggml_backend_tensor_set(lib.ggml_opt_dataset_data(raw), ffi.from_buffer("void *", data),
+                                    0, data.nbytes)
+        if labels is not None:
+            lib.ggml_backend_tensor_set(lib.ggml_opt_dataset_labels(raw),
+                                        ffi.from_buffer("void *", labels), 0, labels.nbytes)
+
+    @property
+    def ndata(self) -> int:
+        return int(lib.ggml_opt_dataset_ndata(self.ptr))
+
+    def __len__(self) -> int:
+        return self.ndata
+
+    def __repr__(self):
+        return "<Dataset closed>" if self.closed else \
+            f"<Dataset {self.ndata} points x {self.n_features}, labels x {self.n_labels}>"
+
+
+def _rows(a, what: str) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    require(a.ndim == 2 and a.shape[0] > 0 and a.shape[1] > 0,
+            f"{what} must be a non-empty 2-D array (one row per data point), got shape {a.shape}")
+    return a
+
+
+class _ResultHandle(Owned):
+    _kind = "optimization result"
+
+
+class _ComputeMemory(Owned):
+    _kind = "optimizer compute context"
+
+
+class Optimizer(Owned):
+    """``ggml_opt_context`` with static graphs: the forward graph from `inputs` to `outputs`,
+    its backward graph and the optimizer step, computed by a scheduler over `backends` (a
+    Backend or a list, the last a CPU; the first holds the optimizer's own tensors).
+
+    `inputs` has shape (batch, features) and `outputs` (batch, n_labels); `params` are the
+    tensors to train (float32, with memory). `loss` is one of ``LOSSES``, `optimizer`
+    ``"adamw"`` or ``"sgd"``; the learning rate and the other hyperparameters can be changed
+    between epochs (``trainer.lr = 1e-3``)."""
+
+    _kind = "optimizer"
+
+    def __init__(self, backends, inputs, outputs, params, *, loss: str = "cross_entropy",
+                 optimizer: str = "adamw", lr: float = 1e-3, beta1: float = 0.9,
+                 beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
+                 opt_period: int = 1):
+        from . import Backend, Scheduler, Tensor     # the package face (imported late: it imports us)
+        backends = [backends] if isinstance(backends, Backend) else list(backends)
+        require(loss in LOSSES, f"loss must be one of {sorted(LOSSES)}, not {loss!r}")
+        require(optimizer in OPTIMIZERS, f"optimizer must be 'adamw' or 'sgd', not {optimizer!r}")
+        require(isinstance(opt_period, int) and opt_period >= 1, "opt_period must be an int >= 1")
+        params = list(params)
+        require(isinstance(inputs, Tensor) and isinstance(outputs, Tensor),
+                "inputs and outputs must be Tensors")
+        require(params and all(isinstance(p, Tensor) for p in params),
+                "params must be a non-empty list of Tensors")
+        require(inputs.data is not None,
+                "the inputs need memory before training (allocate their context first)")
+        require(inputs.ndim == 2 and outputs.ndim <= 2,
+                f"inputs must be (batch, features) and outputs (batch, n); got {inputs.shape} "
+                f"and {outputs.shape}")
+        require(outputs.ne[1] == inputs.ne[1],
+                f"outputs {outputs.shape} must have one row per input row ({inputs.shape[0]})")
+        require(outputs.data is None,
+                "the outputs already have memory: build the model's ops after allocating the "
+                "inputs and parameters, so that the optimizer places them")
+        for p in params:
+            require(p.type.name == "f32", f"parameter {p.name or '(unnamed)'} is {p.type.name}; "
+                                          "only f32 parameters can be trained")
+            require(p.data is not None, f"parameter {p.name or '(unnamed)'} has no memory")
+        if loss == "cross_entropy":
+            require(outputs.type.name == "f32", "cross entropy needs f32 outputs (logits)")
+        n_nodes = _count(outputs)
+        require(4 * n_nodes + 64 < GRAPH_SIZE,
+                f"the model has {n_nodes} tensors; ggml-opt's graphs hold {GRAPH_SIZE} slots, "
+                "enough for about a quarter of that with gradients and optimizer steps")
+
+        self._sched = Scheduler(backends)
+        # ggml-opt puts three graphs (with gradient slots) and every backward tensor here
+        overhead = int(lib.ggml_tensor_overhead())
+        size = 3 * int(lib.ggml_graph_overhead_custom(GRAPH_SIZE, True)) + 8 * n_nodes * overhead \
+            + 64 * overhead
+        raw_ctx = lib.ggml_init({"mem_size": size, "mem_buffer": ffi.NULL, "no_alloc": True})
+        if raw_ctx == ffi.NULL:
+            raise GGMLError("ggml_init failed for the optimizer's compute context")
+        self._compute = _ComputeMemory(raw_ctx, lib.ggml_free)
+        self._pars = ffi.new("struct ggml_opt_optimizer_params *")
+        self._optimizer = optimizer
+        self.set_hyperparameters(lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                                 weight_decay=weight_decay)
+        for p in params:
+            lib.ggml_set_param(p.ptr)
+        opt_params = lib.ggml_opt_default_params(self._sched.ptr, LOSSES[loss])
+        opt_params.ctx_compute = raw_ctx
+        opt_params.inputs = inputs.ptr
+        opt_params.outputs = outputs.ptr
+        opt_params.opt_period = opt_period
+        opt_params.get_opt_pars = lib.ggml_opt_get_constant_optimizer_params
+        opt_params.get_opt_pars_ud = self._pars
+        opt_params.optimizer = OPTIMIZERS[optimizer]
+        raw = lib.ggml_opt_init(opt_params)
+        if raw == ffi.NULL:
+            raise GGMLError("ggml_opt_init failed")
+        # freed before the scheduler, the compute context and the tensors' contexts
+        super().__init__(raw, lib.ggml_opt_free,
+                         parents=(self._sched, self._compute, inputs.ctx, outputs.ctx)
+                         + tuple(p.ctx for p in params))
+        self.inputs, self.outputs, self.params, self.loss = inputs, outputs, params, loss
+        self.batch = int(inputs.ne[1])
+        self._results = [_ResultHandle(lib.ggml_opt_result_init(), lib.ggml_opt_result_free,
+                                       parents=(self,)) for _ in range(2)]
+
+    # -- hyperparameters -------------------------------------------------------------------
+    def set_hyperparameters(self, *, lr: float | None = None, beta1: float | None = None,
+                            beta2: float | None = None, eps: float | None = None,
+                            weight_decay: float | None = None) -> None:
+        """Change what the next optimizer steps use (checked here: ggml asserts on them)."""
+        a = self._pars.adamw
+        s = self._pars.sgd
+        if lr is not None:
+            require(isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr),
+                    f"lr must be a finite number > 0, got {lr!r}")
+            a.alpha = s.alpha = float(lr)
+        for name, v in (("beta1", beta1), ("beta2", beta2)):
+            if v is not None:
+                require(isinstance(v, (int, float)) and 0 <= v <= 1, f"{name} must be in [0, 1]")
+                setattr(a, name, float(v))
+        if eps is not None:
+            require(isinstance(eps, (int, float)) and eps >= 0, "eps must be >= 0")
+            a.eps = float(eps)
+        if weight_decay is not None:
+            require(isinstance(weight_decay, (int, float)) and 0 <= weight_decay <= 1,
+                    "weight_decay must be in [0, 1]")
+            a.wd = s.wd = float(weight_decay)
+
+    @property
+    def lr(self) -> float:
+        return float(self._pars.adamw.alpha)
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.set_hyperparameters(lr=value)
+
+    # -- training --------------------------------------------------------------------------
+    def epoch(self, dataset: Dataset, *, val_split: float = 0.0,
+              shuffle: bool = True) -> tuple[Result, Result | None]:
+        """One pass over `dataset`: optimizer steps on the first part (shuffled first when
+        `shuffle`), evaluation only on the last `val_split` of it. Returns the training and
+        the validation results (None without a validation part)."""
+        split = self._split(dataset, val_split, train=True)
+        if shuffle and split:
+            lib.ggml_opt_dataset_shuffle(self.ptr, dataset.ptr, split)
+        return self._run(dataset, split)
+
+    def evaluate(self, dataset: Dataset) -> Result:
+        """Loss and accuracy of the current parameters on all of `dataset` (no step)."""
+        self._split(dataset, 0.0, train=False)
+        return self._run(dataset, 0)[1]
+
+    def reset(self, optimizer: bool = True) -> None:
+        """Zero the accumulated gradients and, with `optimizer`, the AdamW moments."""
+        lib.ggml_opt_reset(self.ptr, bool(optimizer))
+
+    def _split(self, dataset: Dataset, val_split: float, *, train: bool) -> int:
+        require(isinstance(dataset, Dataset), "expected an opt.Dataset")
+        dataset.ptr
+        require(dataset.n_features == self.inputs.ne[0],
+                f"the dataset has {dataset.n_features} features per point, the inputs "
+                f"{self.inputs.ne[0]}")
+        if self.loss in ("cross_entropy", "mse"):
+            require(dataset.n_labels == self.outputs.ne[0],
+                    f"the dataset has {dataset.n_labels} labels per point, the outputs "
+                    f"{self.outputs.ne[0]}")
+        n = dataset.ndata
+        require(n % self.batch == 0,
+                f"the dataset's {n} points are not a whole number of batches of {self.batch}")
+        require(isinstance(val_split, (int, float)) and 0 <= val_split < 1,
+                f"val_split must be in [0, 1), got {val_split!r}")
+        if not train:
+            return 0
+        unit = self.batch * dataset.shard // math.gcd(self.batch, dataset.shard)
+        split = int(n * (1 - val_split)) // unit * unit
+        require(split > 0, f"no whole batch of {self.batch} is left to train on")
+        return split
+
+    def _run(self, dataset: Dataset, split: int) -> tuple[Result | None, Result | None]:
+        train, val = (r.ptr for r in self._results)
+        lib.ggml_opt_result_reset(train)
+        lib.ggml_opt_result_reset(val)
+        lib.ggml_opt_epoch(self.ptr, dataset.ptr, train, val, split, ffi.NULL, ffi.NULL)
+        n = dataset.ndata
+        return (_result(train) if split else None), (_result(val) if split < n else None)
+
+    def __repr__(self):
+        if self.closed:
+            return "<Optimizer closed>"
+        return (f"<Optimizer {self._optimizer} lr={self.lr:g} loss={self.loss} batch={self.batch} "
+                f"params={len(self.params)}>")
+
+
+def _result(raw) -> Result:
+    ndata = ffi.new("int64_t *")
+    loss, loss_unc = ffi.new("double *"), ffi.new("double *")
+    acc, acc_unc = ffi.new("double *"), ffi.new("double *")
+    lib.ggml_opt_result_ndata(raw, ndata)
+    lib.ggml_opt_result_loss(raw, loss, loss_unc)
+    lib.ggml_opt_result_accuracy(raw, acc, acc_unc)
+    return Result(float(loss[0]), float(loss_unc[0]), float(acc[0]), float(acc_unc[0]),
+                  int(ndata[0]))
+
+
+def _count(out) -> int:
+    seen, stack = set(), [out]
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        stack.extend(t.src)
+    return len(seen)
+
+
+__all__ = ["Dataset", "Optimizer", "Result", "LOSSES", "OPTIMIZERS"]

@@ -1,0 +1,130 @@
+"""ggml's own optimizer (ggml_py.opt): training lowers the loss on data made here, parameters
+are updated in place, and every bad input raises instead of reaching ggml's assertions."""
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import ggml_py as gg
+from ggml_py import opt
+
+
+def blobs(rng, n_per_class=64, classes=3):
+    centers = np.array([[0, 2], [2, -1], [-2, -1]], np.float32)[:classes]
+    X = np.concatenate([c + rng.normal(0, 0.6, (n_per_class, 2)) for c in centers]).astype(np.float32)
+    y = np.repeat(np.arange(classes), n_per_class)
+    order = rng.permutation(len(y))
+    return X[order], y[order]
+
+
+class Model:
+    def __init__(self, backend, rng, batch=16, hidden=16, classes=3):
+        self.ctx = gg.Context()
+        self.x = self.ctx.tensor(gg.f32, (batch, 2), "x")
+        self.W1 = self.ctx.tensor(gg.f32, (hidden, 2), "W1")
+        self.b1 = self.ctx.tensor(gg.f32, (hidden,), "b1")
+        self.W2 = self.ctx.tensor(gg.f32, (classes, hidden), "W2")
+        self.ctx.alloc(backend)
+        self.W1.set((rng.standard_normal((hidden, 2)) * 0.7).astype(np.float32))
+        self.b1.set(np.zeros(hidden, np.float32))
+        self.W2.set((rng.standard_normal((classes, hidden)) * 0.3).astype(np.float32))
+        self.logits = gg.mul_mat(self.W2, gg.relu(gg.mul_mat(self.W1, self.x) + self.b1))
+        self.params = [self.W1, self.b1, self.W2]
+
+
+@pytest.fixture
+def cpu_backend():
+    with gg.device("CPU").backend(n_threads=1) as be:
+        yield be
+
+
+def test_training_lowers_the_loss_and_updates_parameters(cpu_backend, rng):
+    X, y = blobs(rng)
+    data = opt.Dataset(X, np.eye(3, dtype=np.float32)[y])
+    m = Model(cpu_backend, rng)
+    before = m.W1.numpy().copy()
+    trainer = opt.Optimizer(cpu_backend, m.x, m.logits, m.params, lr=0.02)
+    first = trainer.evaluate(data)
+    for _ in range(15):
+        train, val = trainer.epoch(data, val_split=0.25)
+    assert train.ndata == 144 and val.ndata == 48
+    last = trainer.evaluate(data)
+    assert last.loss < first.loss / 3 and last.accuracy > 0.9
+    assert not np.allclose(m.W1.numpy(), before)          # ggml stepped the parameters in place
+    # the trained parameters give the same predictions through numpy
+    h = np.maximum(X @ m.W1.numpy().T + m.b1.numpy(), 0)
+    assert abs(np.mean((h @ m.W2.numpy().T).argmax(1) == y) - last.accuracy) < 0.01
+    trainer.close()
+    data.close()
+    m.ctx.close()
+
+
+def test_sgd_and_mse(cpu_backend, rng):
+    X, y = blobs(rng)
+    data = opt.Dataset(X, np.eye(3, dtype=np.float32)[y])
+    m = Model(cpu_backend, rng)
+    trainer = opt.Optimizer(cpu_backend, m.x, m.logits, m.params, loss="mse", optimizer="sgd", lr=0.05)
+    first = trainer.evaluate(data).loss
+    for _ in range(10):
+        trainer.epoch(data)
+    assert trainer.evaluate(data).loss < first
+    assert np.isnan(trainer.evaluate(data).accuracy)      # no predictions to count for MSE
+    trainer.lr = 0.01
+    assert trainer.lr == pytest.approx(0.01)
+    trainer.close()
+
+
+def test_bad_input_raises(cpu_backend, rng):
+    X, y = blobs(rng)
+    onehot = np.eye(3, dtype=np.float32)[y]
+    with pytest.raises(gg.InvalidArgument, match="2-D array"):
+        opt.Dataset(X.ravel(), onehot)
+    with pytest.raises(gg.InvalidArgument, match="labels"):
+        opt.Dataset(X, onehot[:-1])
+    with pytest.raises(gg.InvalidArgument, match="shard"):
+        opt.Dataset(X, onehot, shard=5)
+    m = Model(cpu_backend, rng)
+    with pytest.raises(gg.InvalidArgument, match="loss must be"):
+        opt.Optimizer(cpu_backend, m.x, m.logits, m.params, loss="hinge")
+    with pytest.raises(gg.InvalidArgument, match="lr must be"):
+        opt.Optimizer(cpu_backend, m.x, m.logits, m.params, lr=0)
+    with pytest.raises(gg.InvalidArgument, match="params"):
+        opt.Optimizer(cpu_backend, m.x, m.logits, [])
+    unallocated = gg.Context()
+    free_x = unallocated.tensor(gg.f32, (16, 2))
+    with pytest.raises(gg.InvalidArgument, match="inputs need memory"):
+        opt.Optimizer(cpu_backend, free_x, m.logits, m.params)
+    allocated = unallocated.tensor(gg.f32, (16, 3))
+    unallocated.alloc(cpu_backend)
+    with pytest.raises(gg.InvalidArgument, match="already have memory"):
+        opt.Optimizer(cpu_backend, m.x, allocated, m.params)
+    trainer = opt.Optimizer(cpu_backend, m.x, m.logits, m.params)
+    with pytest.raises(gg.InvalidArgument, match="whole number of batches"):
+        trainer.epoch(opt.Dataset(X[:100], onehot[:100]))
+    with pytest.raises(gg.InvalidArgument, match="features"):
+        trainer.epoch(opt.Dataset(np.c_[X, X], onehot))
+    with pytest.raises(gg.InvalidArgument, match="labels per point"):
+        trainer.epoch(opt.Dataset(X, onehot[:, :2]))
+    with pytest.raises(gg.InvalidArgument, match="val_split"):
+        trainer.epoch(opt.Dataset(X, onehot), val_split=1.0)
+    with pytest.raises(gg.InvalidArgument, match="beta1"):
+        trainer.set_hyperparameters(beta1=2)
+    m.ctx.close()                                 # the model's context closes the trainer first
+    assert trainer.closed
+    with pytest.raises(gg.ClosedError):
+        trainer.evaluate(opt.Dataset(X, onehot))
+    unallocated.close()
+
+
+def test_lifetime(cpu_backend, rng):
+    X, y = blobs(rng)
+    data = opt.Dataset(X, np.eye(3, dtype=np.float32)[y])
+    m = Model(cpu_backend, rng)
+    trainer = opt.Optimizer(cpu_backend, m.x, m.logits, m.params)
+    trainer.epoch(data)
+    refs = [weakref.ref(trainer), weakref.ref(data)]
+    del trainer, data
+    gc.collect()
+    assert all(r() is None for r in refs)
+    m.ctx.close()
