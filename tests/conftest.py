@@ -13,6 +13,14 @@ sys.path.insert(0, str(ROOT))  # build_ggml / ggml_build for the build tests
 import ggml_py as gg  # noqa: E402
 
 N_RPC = 2
+RELEASE = tuple(int(p) for p in gg.ggml_version().split(".")[:3] if p.isdigit())
+
+
+def needs_release(release: str, feature: str):
+    """Mark a test of `feature`, which ggml `release` added: older builds skip it, saying so."""
+    want = tuple(int(p) for p in release.split("."))
+    return pytest.mark.skipif(RELEASE < want, reason=f"{feature} arrived in ggml {release} "
+                                                     f"(this build is {gg.ggml_version()})")
 
 
 @pytest.fixture(scope="session")

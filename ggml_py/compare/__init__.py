@@ -1,0 +1,222 @@
+"""``python -m ggml_py compare A B``: what changed between two ggml builds.
+
+    python -m ggml_py compare 0.25.3 0.26.0                   # terminal summary
+    python -m ggml_py compare 0.25.3 0.26.0 --format html -o report.html
+    python -m ggml_py compare 0.25.3 --source ~/llama.cpp/ggml --format md
+    python -m ggml_py compare ggml-0.20.2-cpu-rpc ggml-0.25.3-cpu-rpc --format json --max-slowdown 1.5
+
+A and B are pinned releases (built when missing), build folders (a path, or a folder name
+under ggml_py/lib), or ggml source trees (``--source PATH`` stands for B). Each side runs in
+its own processes, never in this one: the API and runtime are read by a probe process; the op
+matrix by worker processes (a cell that aborts its worker is recorded as a crash and the next
+worker goes on); the speed table by one persistent process per side, rounds alternating.
+
+The exit status is 1 when something regressed (an op cell that passed on A and fails, errs or
+crashes on B, or newly crashes; a function removed; an op slower than ``--max-slowdown``), 0
+otherwise. The JSON keys are documented in docs/compare-schema.json.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import _diff, _report
+from ._cases import CASES, TYPES
+from ._sides import CompareError, Side, SpeedWorker, build, probe, resolve, run_cells
+
+SCHEMA_VERSION = 1
+__all__ = ["compare", "main", "CompareError"]
+
+
+class Progress:
+    """One line on stderr, rewritten in place on a terminal (plain lines, rate-limited, else)."""
+
+    def __init__(self, stream=sys.stderr, quiet: bool = False):
+        self.stream, self.quiet = stream, quiet
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        self.last = 0.0
+
+    def __call__(self, msg: str) -> None:
+        if self.quiet:
+            return
+        now = time.monotonic()
+        if self.tty:
+            self.stream.write("\r\x1b[K" + msg[:150])
+            self.stream.flush()
+        elif now - self.last > 10:
+            self.stream.write(msg + "\n")
+            self.stream.flush()
+            self.last = now
+
+    def done(self) -> None:
+        if self.tty and not self.quiet:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def _cells(devices: list[str], ops: list[str], types: list[str]) -> list[list[str]]:
+    return [[d, op, t] for d in devices for op in ops for t in types]
+
+
+def _speed(sa: Side, sb: Side, devices: list[str], ops: list[str], rounds: int,
+           progress) -> tuple[list[dict], list[dict], dict]:
+    spec = {"devices": devices, "ops": ops, "seconds_per_op": 0.02}
+    with tempfile.TemporaryDirectory(prefix="ggml-compare-speed-") as tmp:
+        progress("speed: building graphs on both sides")
+        wa = SpeedWorker(sa, spec, Path(tmp))
+        try:
+            wb = SpeedWorker(sb, spec, Path(tmp))
+        except CompareError:
+            wa.close()
+            raise
+        try:
+            ra, rb = [], []
+            for i in range(rounds):
+                progress(f"speed: round {i + 1}/{rounds} (A then B)")
+                ra.append(wa.round())
+                rb.append(wb.round())
+        finally:
+            wa.close()
+            wb.close()
+    return ra, rb, {"a": wa.skipped, "b": wb.skipped}
+
+
+def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = None,
+            backends: str | None = None, devices: list[str] | None = None,
+            ops: list[str] | None = None, types: list[str] | None = None, speed: bool = True,
+            rounds: int = 5, max_slowdown: float | None = None, backend_ops: str | None = None,
+            backend_ops_filter: str | None = None, progress=None) -> dict:
+    """Compare two builds; return the report (the JSON document, see docs/compare-schema.json).
+
+    `devices`/`ops`/`types` narrow the op matrix (default: every device both sides have or
+    either has, every op, every type); `backend_ops` is test-backend-ops' mode to run
+    ("test", "support"; default: "test" with a non-CPU device, else "support") when both
+    builds carry it."""
+    progress = progress or Progress(quiet=True)
+    if b is None and source is None:
+        raise CompareError("give two sides: A B, or A --source PATH")
+    sa = resolve(a, backends=backends)
+    sb = resolve(str(source), source=Path(source), backends=backends) if b is None \
+        else resolve(b, backends=backends)
+    for s in (sa, sb):
+        build(s, progress)
+    progress(f"probing {sa.label}")
+    pa = probe(sa)
+    progress(f"probing {sb.label}")
+    pb = probe(sb)
+    for p, s in ((pa, sa), (pb, sb)):
+        p["side"]["label"] = s.label
+
+    names_a = [d["name"] for d in pa["runtime"]["devices"]]
+    names_b = [d["name"] for d in pb["runtime"]["devices"]]
+    all_devs = names_a + [n for n in names_b if n not in names_a]
+    devs = [d for d in all_devs if devices is None or d in devices]
+    op_names = [c.op for c in CASES if ops is None or c.op in ops]
+    type_names = [t for t in TYPES if types is None or t in types]
+    cells = _cells(devs, op_names, type_names)
+    res_a = run_cells(sa, cells, progress) if cells else []
+    res_b = run_cells(sb, cells, progress) if cells else []
+
+    rounds_a = rounds_b = []
+    speed_skipped = {"a": {}, "b": {}}
+    if speed and rounds > 0:
+        both = [d for d in devs if d in names_a and d in names_b]
+        speed_ops = [c.op for c in CASES if c.speed and c.op in op_names]
+        if both and speed_ops:
+            rounds_a, rounds_b, speed_skipped = _speed(sa, sb, both, speed_ops, rounds, progress)
+    speed_rows, speed_meta = _diff.speed(rounds_a, rounds_b, max_slowdown)
+    speed_meta["skipped"] = speed_skipped
+
+    report = {
+        "schema": SCHEMA_VERSION,
+        "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "a": pa["side"], "b": pb["side"],
+        "api": _diff.api(pa["api"], pb["api"]),
+        "runtime": _diff.runtime(pa["runtime"], pb["runtime"]),
+        "ops": _diff.ops(cells, res_a, res_b),
+        "ops_meta": {"devices": devs, "ops": op_names, "types": type_names,
+                     "cells": len(cells), "seed": "sha256 of 'op/type'"},
+        "speed": speed_rows, "speed_meta": speed_meta,
+        "backend_ops": None,
+    }
+    from . import _backend_ops
+    if _backend_ops.binary(sa) and _backend_ops.binary(sb):
+        local_gpu = [d for d in pb["runtime"]["devices"]
+                     if d["type"] != "cpu" and d.get("registry") != "RPC"]
+        mode = backend_ops or ("test" if local_gpu else "support")
+        ba, bb = [], []
+        for s, acc in ((sa, ba), (sb, bb)):
+            progress(f"test-backend-ops {mode} on {s.label}")
+            acc += _backend_ops.run(s, mode, backend_ops_filter, timeout=3600)
+        report["backend_ops"] = {"mode": mode, **_backend_ops.join(ba, bb)}
+    report["regressions"] = _diff.regressions(report)
+    progress.done()
+    return report
+
+
+def render(report: dict, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(report, indent=1, sort_keys=False) + "\n"
+    if fmt == "md":
+        return _report.markdown(report)
+    if fmt == "html":
+        return _report.html_page(report)
+    return "\n".join(_report.summary_lines(report)) + "\n"
+
+
+def parse_args(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ggml_py compare",
+                                description=__doc__.split("\n\n")[0].strip("`: "),
+                                epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("a", help="pinned release, build folder, or ggml tree")
+    p.add_argument("b", nargs="?", help="pinned release, build folder, or ggml tree")
+    p.add_argument("--source", type=Path, metavar="PATH", help="a local ggml tree as side B")
+    p.add_argument("--format", choices=("text", "json", "md", "html"), default="text")
+    p.add_argument("-o", "--output", type=Path, help="write the report here (default stdout)")
+    p.add_argument("--max-slowdown", type=float, metavar="X",
+                   help="exit 1 when an op is more than X times slower on B (and beyond noise)")
+    p.add_argument("--backends", metavar="LIST", help="backends of builds made for the "
+                   "comparison, as build_ggml.py --backends (default: the platform's)")
+    p.add_argument("--devices", metavar="LIST", help="comma list of device names for the op matrix")
+    p.add_argument("--ops", metavar="LIST", help="comma list of ops (default: every op)")
+    p.add_argument("--types", metavar="LIST", help=f"comma list of types (default: {','.join(TYPES)})")
+    p.add_argument("--rounds", type=int, default=5, help="speed rounds per side (0: no speed table)")
+    p.add_argument("--backend-ops", metavar="MODE", help="test-backend-ops mode when both builds "
+                   "have it (--with-tests): test or support (default: test with a GPU, else support)")
+    p.add_argument("--backend-ops-filter", metavar="OPS", help="test-backend-ops -o filter")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    args = p.parse_args(argv)
+    if args.b is None and args.source is None:
+        p.error("give B, or --source PATH")
+    if args.b is not None and args.source is not None:
+        p.error("--source stands for B: give either B or --source")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()] if s else None  # noqa: E731
+    try:
+        rep = compare(args.a, args.b, source=args.source, backends=args.backends,
+                      devices=split(args.devices), ops=split(args.ops), types=split(args.types),
+                      rounds=args.rounds, max_slowdown=args.max_slowdown,
+                      backend_ops=args.backend_ops, backend_ops_filter=args.backend_ops_filter,
+                      progress=Progress(quiet=args.quiet))
+    except CompareError as e:
+        print(f"compare: error: {e}", file=sys.stderr)
+        return 2
+    text = render(rep, args.format)
+    if args.output:
+        args.output.write_text(text)
+    else:
+        sys.stdout.write(text)
+    if args.format != "text":
+        sys.stderr.write("\n".join(_report.summary_lines(rep)) + "\n")
+    return 1 if rep["regressions"] else 0

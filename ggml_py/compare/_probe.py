@@ -1,0 +1,168 @@
+"""Child process: the API and runtime facts of the one build this process loads.
+
+    GGML_PY_BUILD=<folder> python -m ggml_py.compare._probe   # one JSON object on stdout
+
+The API comes from the compiled bindings, not from reading headers: in an API-mode build cffi
+asked the C compiler for every struct's size, alignment and field offsets and for every enum
+value and integer constant (an ABI-mode build only knows what the cdef declares, which the
+output says under ``layout_source``).
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+
+def api(ffi, lib, info: dict, folder) -> dict:
+    enum_names: set[str] = set()
+    cdef = folder / "cdef.h"
+    if cdef.exists():
+        enum_names.update(f"enum {n}" for n in re.findall(r"\benum\s+(\w+)", cdef.read_text()))
+    typedefs, structs, unions = ffi.list_types()
+    for name in typedefs:
+        try:
+            if ffi.typeof(name).kind == "enum":
+                enum_names.add(name)
+        except (ffi.error, TypeError):
+            pass
+
+    enums, members = {}, set()
+    for name in sorted(enum_names):
+        try:
+            ct = ffi.typeof(name)
+        except (ffi.error, TypeError):
+            continue
+        if ct.kind != "enum" or ct.cname in enums:
+            continue
+        vals = {k: int(v) for k, v in sorted(ct.relements.items(), key=lambda kv: kv[1])}
+        enums[ct.cname] = vals
+        members.update(vals)
+
+    functions, constants = {}, {}
+    for name in dir(lib):
+        try:
+            obj = getattr(lib, name)
+        except Exception:                 # declared but not exported by this build
+            continue
+        if isinstance(obj, int):
+            if name not in members:
+                constants[name] = int(obj)
+            continue
+        try:
+            ct = ffi.typeof(obj)
+        except (TypeError, ffi.error):
+            continue
+        if ct.kind == "pointer":
+            ct = ct.item
+        if ct.kind != "function":
+            continue
+        functions[name] = {"result": ct.result.cname, "args": [a.cname for a in ct.args],
+                           "variadic": bool(ct.ellipsis)}
+
+    layouts = {}
+    for kind, names in (("struct", structs), ("union", unions)):
+        for name in names:
+            cname = f"{kind} {name}"
+            try:
+                ct = ffi.typeof(cname)
+            except (ffi.error, TypeError):
+                continue
+            try:
+                ffi.sizeof(ct)      # completes the lazily built type before its fields are read
+            except ffi.error:
+                layouts[cname] = {"opaque": True}
+                continue
+            fields = ct.fields
+            layouts[cname] = {
+                "opaque": False, "size": ffi.sizeof(ct), "align": ffi.alignof(ct),
+                "fields": [{"name": n, "type": f.type.cname, "offset": f.offset,
+                            "bits": f.bitsize if f.bitsize >= 0 else None}
+                           for n, f in fields]}
+    return {"layout_source": "compiler" if info.get("bindings") == "api" else "cdef",
+            "functions": functions, "structs": layouts, "enums": enums, "constants": constants}
+
+
+def _caps(ffi, lib, dev_ptr) -> dict:
+    """Every field of ``struct ggml_backend_dev_caps`` (new ones appear by themselves)."""
+    props = ffi.new("struct ggml_backend_dev_props *")
+    lib.ggml_backend_dev_get_props(dev_ptr, props)
+    return {name.rstrip("_"): bool(getattr(props.caps, name))
+            for name, _ in ffi.typeof("struct ggml_backend_dev_caps").fields}
+
+
+def runtime(gg) -> dict:
+    from ggml_py._loader import ffi, lib
+    out: dict = {"rpc": None, "rpc_error": None}
+    endpoints: list[str] = []
+    proto = tuple(getattr(lib, f"RPC_PROTO_{p}_VERSION", None)
+                  for p in ("MAJOR", "MINOR", "PATCH"))
+    if "rpc" in gg.build_info()["backends"]:
+        try:
+            srv = gg.rpc.serve()
+            endpoints.append(srv.endpoint)
+            out["rpc"] = {"header": ".".join(map(str, proto)) if None not in proto else None,
+                          "server": ".".join(map(str, gg.rpc.hello(srv.endpoint))),
+                          "endpoint_devices": [d.name for d in gg.rpc.connect(srv.endpoint).devices]}
+        except gg.GGMLError as e:
+            out["rpc_error"] = f"{type(e).__name__}: {e}"
+    out["registries"] = [{"name": r.name, "devices": [d.name for d in r.devices]}
+                         for r in gg.registries()]
+    devs = []
+    for d in gg.devices():
+        entry = {"name": d.name, "registry": None, "type": d.type, "description": d.description}
+        try:
+            entry["memory_total"] = int(d.memory[1])
+            entry["caps"] = _caps(ffi, lib, d.ptr)
+            entry["buffer_types"] = [{"name": b.name, "alignment": int(b.alignment),
+                                      "max_size": int(b.max_size), "is_host": bool(b.is_host)}
+                                     for b in d.buffer_types]
+            h = d.host_buffer_type
+            entry["host_buffer_type"] = None if h is None else h.name
+        except gg.GGMLError as e:
+            entry["error"] = f"{type(e).__name__}: {e}"
+        devs.append(entry)
+    for r in out["registries"]:
+        for e in devs:
+            if e["name"] in r["devices"]:
+                e["registry"] = r["name"]
+    out["devices"] = devs
+    return _without(out, endpoints)
+
+
+def _without(obj, endpoints: list[str]):
+    """`obj` with this run's RPC endpoints (random ports) written as "<endpoint>", so that
+    two sides' names and descriptions compare equal."""
+    if isinstance(obj, str):
+        for e in endpoints:
+            obj = obj.replace(e, "<endpoint>")
+        return obj
+    if isinstance(obj, list):
+        return [_without(x, endpoints) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _without(v, endpoints) for k, v in obj.items()}
+    return obj
+
+
+def main() -> int:
+    import ggml_py as gg
+    from ggml_py._loader import BUILD, BUILD_DIR, ffi, lib
+    side = {"version": gg.ggml_version(), "release": BUILD.get("release"),
+            "folder": str(BUILD_DIR), "name": BUILD.get("name", BUILD_DIR.name),
+            "backends": list(BUILD.get("backends", [])), "bindings": BUILD.get("bindings"),
+            "with_tests": _test_binary(BUILD_DIR) is not None}
+    report = {"side": side, "api": api(ffi, lib, BUILD, BUILD_DIR), "runtime": runtime(gg)}
+    sys.stdout.write(json.dumps(report) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def _test_binary(folder):
+    for p in (folder / "bin" / "test-backend-ops", folder / "test-backend-ops"):
+        if p.exists():
+            return p
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

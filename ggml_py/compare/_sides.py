@@ -1,0 +1,220 @@
+"""The two sides of a comparison: which build each one is, building what is missing, and the
+child processes that load it (one process loads one build: ``GGML_PY_BUILD=<folder>``)."""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent          # ggml_py/
+CHECKOUT = PACKAGE.parent                                 # the source tree, when there is one
+LIB_ROOT = PACKAGE / "lib"
+
+
+class CompareError(Exception):
+    """A side cannot be resolved, built or started; the message says what to do."""
+
+
+@dataclass
+class Side:
+    label: str              # what the user typed: a release, a folder, a source tree
+    folder: Path            # the build folder (may not exist yet)
+    build_args: list[str] | None = None   # build_ggml.py arguments that make it, when missing
+
+    @property
+    def built(self) -> bool:
+        return (self.folder / "build.json").exists()
+
+
+def _build_tools():
+    if not (CHECKOUT / "build_ggml.py").exists():
+        return None
+    if str(CHECKOUT) not in sys.path:
+        sys.path.insert(0, str(CHECKOUT))
+    from ggml_build import flags, pins
+    return flags, pins
+
+
+def resolve(spec: str, *, source: Path | None = None, backends: str | None = None) -> Side:
+    """A side from a pinned release ("0.26.0"), a build folder (path or name under
+    ggml_py/lib), or a ggml source tree (`source`, or a path holding include/ggml.h)."""
+    tools = _build_tools()
+    path = Path(spec).expanduser() if spec else None
+    if source is None and path is not None and (path / "build.json").exists():
+        return Side(spec, path.resolve())
+    if source is None and (LIB_ROOT / spec / "build.json").exists():
+        return Side(spec, LIB_ROOT / spec)
+    if source is None and path is not None and (path / "include" / "ggml.h").exists():
+        source = path
+    if tools is None:
+        raise CompareError(f"{spec!r} is not a build folder, and this installation has no "
+                           "build_ggml.py to build it; pass a folder that holds build.json")
+    flags, pins = tools
+    be = flags.parse_backends(backends, flags.Platform.detect())
+    be_arg = ["--backends", ",".join(be)]
+    if source is not None:
+        tree = pins.check_source(Path(source))
+        name = flags.config_name(pins.tree_version(tree), be, source=str(tree))
+        return Side(str(source), LIB_ROOT / name, ["--source", str(tree), *be_arg])
+    _, known = pins.load_manifest()
+    if spec not in known:
+        order = sorted(known, key=pins._version_key, reverse=True)
+        raise CompareError(f"{spec!r} is neither a pinned release ({', '.join(order)}), a build "
+                           "folder, nor a ggml tree")
+    name = flags.config_name(spec, be)
+    return Side(spec, LIB_ROOT / name, ["--ggml", spec, *be_arg])
+
+
+def build(side: Side, progress) -> None:
+    """Run build_ggml.py for a side whose folder has no finished build."""
+    if side.built:
+        return
+    if side.build_args is None:
+        raise CompareError(f"{side.folder} holds no finished build")
+    cmd = [sys.executable, str(CHECKOUT / "build_ggml.py"), *side.build_args,
+           "--jobs", str(min(os.cpu_count() or 2, 8))]
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, cwd=CHECKOUT, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            progress(f"building {side.label} ({time.monotonic() - t0:.0f} s): "
+                     f"{' '.join(side.build_args)}")
+            time.sleep(1)
+        log.seek(0)
+        text = log.read()
+    if proc.returncode != 0 or not side.built:
+        raise CompareError(f"building {side.label} failed:\n{text[-3000:]}")
+
+
+def child_env(side: Side) -> dict:
+    env = dict(os.environ, GGML_PY_BUILD=str(side.folder), GGML_NO_BACKTRACE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def probe(side: Side, timeout: float = 300) -> dict:
+    """API and runtime facts of one side (ggml_py.compare._probe in a child process)."""
+    r = subprocess.run([sys.executable, "-m", "ggml_py.compare._probe"], env=child_env(side),
+                       capture_output=True, text=True, timeout=timeout)
+    lines = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not lines:
+        raise CompareError(f"probing {side.label} ({side.folder}) failed (exit {r.returncode}):\n"
+                           f"{r.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def _reader(stream, q):
+    for line in stream:
+        q.put(line.rstrip("\n"))
+    q.put(None)
+
+
+def _tail(path: Path, n: int = 3) -> str:
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    return " | ".join(lines[-n:])[-600:]
+
+
+def run_cells(side: Side, cells: list, progress, cell_timeout: float = 120) -> list[dict]:
+    """Run every cell in a worker of `side`; a cell that kills its worker is recorded as a
+    crash (with the last lines the process wrote) and a new worker takes the next cell."""
+    results: list[dict | None] = [None] * len(cells)
+    with tempfile.TemporaryDirectory(prefix="ggml-compare-") as tmp:
+        cells_path = Path(tmp) / "cells.json"
+        cells_path.write_text(json.dumps(cells))
+        start, restarts = 0, 0
+        while start < len(cells):
+            err_path = Path(tmp) / f"stderr-{restarts}.txt"
+            with open(err_path, "w") as err:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "ggml_py.compare._worker", "ops", str(cells_path),
+                     str(start)], env=child_env(side), stdout=subprocess.PIPE, stderr=err,
+                    text=True, start_new_session=True)
+            q: queue.Queue = queue.Queue()
+            threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
+            current, timed_out = None, False
+            while True:
+                try:
+                    line = q.get(timeout=cell_timeout)
+                except queue.Empty:
+                    timed_out = True
+                    _kill(proc)
+                    break
+                if line is None:
+                    break
+                if line.startswith("> "):
+                    current = int(line[2:])
+                    d, op, ty = cells[current]
+                    progress(f"ops {side.label}: {current + 1}/{len(cells)} {d} {op} {ty}")
+                elif line.startswith("= "):
+                    i, _, payload = line[2:].partition(" ")
+                    results[int(i)] = json.loads(payload)
+                    current = None
+            proc.wait()
+            restarts += 1
+            if current is None:
+                if all(r is not None for r in results[start:]):
+                    break
+                # died before its first cell: every remaining cell fails the same way
+                why = f"the worker exited with code {proc.returncode}: {_tail(err_path)}"
+                for i in range(start, len(cells)):
+                    if results[i] is None:
+                        results[i] = {"status": "error", "error": why}
+                break
+            results[current] = {
+                "status": "timeout" if timed_out else "crash",
+                "error": (f"no result within {cell_timeout:.0f} s" if timed_out else
+                          f"the process died (exit {proc.returncode}): {_tail(err_path)}")}
+            start = current + 1
+    return [r if r is not None else {"status": "error", "error": "no result"} for r in results]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, 9)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+class SpeedWorker:
+    """A persistent ``_worker speed`` process of one side: ``round()`` times every graph once."""
+
+    def __init__(self, side: Side, spec: dict, tmp: Path):
+        path = tmp / f"speed-{id(self)}.json"
+        path.write_text(json.dumps(spec))
+        self.err = tmp / f"speed-{id(self)}.err"
+        with open(self.err, "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ggml_py.compare._worker", "speed", str(path)],
+                env=child_env(side), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                text=True, start_new_session=True)
+        self.side = side
+        self.ready = self._read()
+        self.skipped = self.ready.get("skipped", {})
+
+    def _read(self) -> dict:
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise CompareError(f"the speed worker of {self.side.label} died: {_tail(self.err)}")
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def round(self) -> dict:
+        self.proc.stdin.write("round\n")
+        self.proc.stdin.flush()
+        return self._read()["times_us"]
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.write("stop\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            _kill(self.proc)

@@ -1,0 +1,189 @@
+"""Child process: op cells and speed rounds on the one build this process loads.
+
+    GGML_PY_BUILD=<folder> python -m ggml_py.compare._worker ops CELLS.json START
+    GGML_PY_BUILD=<folder> python -m ggml_py.compare._worker speed SPEC.json
+
+``ops`` runs cells (device, op, type) from index START, printing ``> i`` before a cell and
+``= i {json}`` after it: when a kernel aborts the process, the parent sees which cell was
+running, records a crash for it and starts a new worker at the next cell. ``speed`` builds
+each op's graph once and then, for every ``round`` line read on stdin, times each graph and
+prints one JSON line; the parent alternates rounds between the two sides so that drift of the
+machine falls on both.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+
+import numpy as np
+
+from ._cases import BY_OP, In, nmse, seed, threshold, values
+
+
+def _devices(gg, want_rpc: bool):
+    """{name: Device}: the local devices, plus one RPC device served by this build."""
+    server = None
+    if want_rpc and "rpc" in gg.build_info()["backends"]:
+        try:
+            server = gg.rpc.serve()
+            gg.rpc.connect(server.endpoint)
+        except gg.GGMLError as e:
+            print(f"! rpc {type(e).__name__}: {e}", flush=True)
+    return {d.name: d for d in gg.devices()}, server
+
+
+def _make(gg, ctx, spec: In, type_name: str):
+    if spec.role == "T":
+        t = gg.TYPES[type_name]
+    elif spec.role in ("idx", "pos"):
+        t = gg.i32
+    else:
+        t = gg.TYPES[spec.role]
+    return ctx.tensor(t, spec.shape)
+
+
+def _fill(t, arr: np.ndarray) -> None:
+    dt = t.dtype
+    if dt is None:                       # quantized / bf16: floats are converted on the way in
+        t.set(arr.astype(np.float32))
+    elif np.issubdtype(dt, np.integer) and arr.dtype.kind == "f":
+        t.set(np.clip(np.round(arr * 4), np.iinfo(dt).min, np.iinfo(dt).max).astype(dt))
+    else:
+        t.set(arr.astype(dt))
+
+
+def run_cell(gg, dev, backend, op: str, type_name: str) -> dict:
+    case = BY_OP[op]
+    rng = np.random.default_rng(seed(op, type_name))
+    with gg.Context() as ctx:
+        try:
+            ins = [_make(gg, ctx, s, type_name) for s in case.inputs]
+            out = case.build(gg, *ins)
+        except gg.GGMLError as e:
+            return {"status": "refused", "error": f"{type(e).__name__}: {e}"}
+        if not dev.supports_op(out):
+            return {"status": "unsupported"}
+        ctx.alloc(backend)
+        first_rows = case.inputs[0].shape[0] if case.inputs[0].shape else None
+        for s, t in zip(case.inputs, ins):
+            _fill(t, values(s, rng, first_rows))
+        held = [np.asarray(t.numpy(copy=True), dtype=np.float64) if s.role not in ("idx", "pos")
+                else t.numpy(copy=True).astype(np.int64) for s, t in zip(case.inputs, ins)]
+        try:
+            backend.compute(gg.Graph(out))
+        except gg.GGMLError as e:
+            return {"status": "error", "error": f"{type(e).__name__}: {e}"}
+        got = np.asarray(out.numpy(copy=True), dtype=np.float64)
+    ref = np.asarray(case.ref(*held), dtype=np.float64)
+    if case.normalize is not None:
+        got, ref = case.normalize(got.reshape(ref.shape)), case.normalize(ref)
+    err = nmse(got, ref)
+    tol = threshold(case, type_name)
+    out32 = got.astype(np.float32).reshape(-1)
+    return {"status": "ok" if err <= tol else "fail", "nmse": err if np.isfinite(err) else None,
+            "threshold": tol, "out": base64.b64encode(out32.tobytes()).decode()}
+
+
+def ops_main(cells_path: str, start: int) -> int:
+    import ggml_py as gg
+    cells = json.loads(open(cells_path).read())
+    devs, server = _devices(gg, any(d.startswith("RPC") for d, _, _ in cells))
+    backends = {}
+    for i in range(start, len(cells)):
+        dname, op, ty = cells[i]
+        print(f"> {i}", flush=True)
+        dev = devs.get(dname)
+        if dev is None:
+            res = {"status": "absent"}
+        else:
+            try:
+                if dname not in backends:
+                    backends[dname] = dev.backend()
+                res = run_cell(gg, dev, backends[dname], op, ty)
+            except gg.GGMLError as e:     # e.g. the device refused the buffer
+                res = {"status": "error", "error": f"{type(e).__name__}: {e}"}
+        print(f"= {i} {json.dumps(res)}", flush=True)
+    for be in backends.values():
+        be.close()
+    if server is not None:
+        server.close()
+    return 0
+
+
+def _speed_graphs(gg, devs, spec):
+    """[(device, op, backend, ctx, graph)] for the speed table: f32 inputs of the cases'
+    `speed` shapes, one context per graph, skipping what a side refuses."""
+    rng = np.random.default_rng(0)
+    graphs, skipped = [], {}
+    for dname in spec["devices"]:
+        dev = devs.get(dname)
+        if dev is None:
+            continue
+        be = dev.backend()
+        for op in spec["ops"]:
+            case = BY_OP[op]
+            ctx = gg.Context()
+            try:
+                ins = [_make(gg, ctx, s, "f32") for s in case.speed]
+                out = case.build(gg, *ins)
+                if not dev.supports_op(out):
+                    raise gg.UnsupportedError(f"{dname} does not support {op}")
+                ctx.alloc(be)
+                first_rows = case.speed[0].shape[0]
+                for s, t in zip(case.speed, ins):
+                    _fill(t, values(s, rng, first_rows))
+                g = gg.Graph(out)
+                be.compute(g)                           # warm up (and fail early)
+            except gg.GGMLError as e:
+                skipped[f"{dname}/{op}"] = f"{type(e).__name__}: {e}"
+                ctx.close()
+                continue
+            graphs.append((dname, op, be, ctx, g))
+    return graphs, skipped
+
+
+def speed_main(spec_path: str) -> int:
+    import ggml_py as gg
+    spec = json.loads(open(spec_path).read())
+    devs, server = _devices(gg, any(d.startswith("RPC") for d in spec["devices"]))
+    graphs, skipped = _speed_graphs(gg, devs, spec)
+    budget = spec.get("seconds_per_op", 0.02)
+    # calibrate: iterations per measurement so that one measurement takes about `budget`
+    iters = {}
+    for dname, op, be, _, g in graphs:
+        t0 = time.perf_counter()
+        be.compute(g)
+        dt = max(time.perf_counter() - t0, 1e-6)
+        iters[(dname, op)] = max(1, min(1000, int(budget / dt)))
+    print(json.dumps({"ready": True, "skipped": skipped}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "round":
+            break
+        times = {}
+        for dname, op, be, _, g in graphs:
+            n = iters[(dname, op)]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                be.compute(g)
+            times[f"{dname}/{op}"] = (time.perf_counter() - t0) / n * 1e6
+        print(json.dumps({"times_us": times}), flush=True)
+    for *_, ctx, _g in graphs:
+        ctx.close()
+    if server is not None:
+        server.close()
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[0] == "ops":
+        return ops_main(argv[1], int(argv[2]))
+    if argv[0] == "speed":
+        return speed_main(argv[1])
+    raise SystemExit(f"unknown mode {argv[0]!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

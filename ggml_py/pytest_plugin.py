@@ -1,0 +1,216 @@
+"""pytest plugin: run a test suite once per ggml release, each release in its own process.
+
+    pytest --ggml-releases 0.25.3,0.26.0          # pinned releases (built when missing)
+    pytest --ggml-releases ggml-0.20.2-cpu-rpc,/path/to/build   # or build folders
+
+One process loads one build, so the plugin does not run tests itself: it starts
+``python -m pytest`` with the same arguments once per release (``GGML_PY_BUILD`` set to that
+release's build folder), streams each run's output under a header, and ends with one line per
+release. A test that kills its process (ggml aborts on a bad input, an RPC server dies under
+the client) is reported as a failure of that test on that release, and a new process goes on
+with the tests that had not run yet; the exit status is the worst of the releases'.
+
+In the tests, the ``ggml_release`` fixture names the release of the loaded build::
+
+    def test_events(ggml_release):
+        if ggml_release < (0, 23, 0):
+            pytest.skip("RPC events arrived in 0.23.0")
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+RELEASE_ENV = "GGML_PY_RELEASE"         # set in each per-release process
+STATE_ENV = "GGML_PY_PYTEST_STATE"      # file the child appends started/finished test ids to
+SKIP_ENV = "GGML_PY_PYTEST_SKIP"        # file of test ids a restarted child leaves out
+
+
+class Release(str):
+    """A release string that compares as a version: ``ggml_release >= (0, 23)``."""
+
+    @property
+    def version(self) -> tuple[int, ...]:
+        return tuple(int(p) for p in self.split(".")[:3] if p.isdigit())
+
+    def _cmp(self, other):
+        if isinstance(other, str):
+            other = Release(other).version
+        return self.version, tuple(other)
+
+    def __lt__(self, other): a, b = self._cmp(other); return a < b          # noqa: E702
+    def __le__(self, other): a, b = self._cmp(other); return a <= b         # noqa: E702
+    def __gt__(self, other): a, b = self._cmp(other); return a > b          # noqa: E702
+    def __ge__(self, other): a, b = self._cmp(other); return a >= b         # noqa: E702
+    __hash__ = str.__hash__
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("ggml_py")
+    group.addoption("--ggml-releases", metavar="LIST", default=None,
+                    help="comma list of ggml releases (or build folders): run the tests once "
+                         "per release, each in its own process, and report per release")
+
+
+@pytest.fixture(scope="session")
+def ggml_release() -> Release:
+    """The ggml release of the build this test process loaded (e.g. "0.25.3")."""
+    import ggml_py
+    return Release(ggml_py.ggml_version())
+
+
+# -- in a per-release child: remember which test runs, leave out what already ran ----------
+def _append(path: str, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+
+
+def pytest_runtest_logstart(nodeid, location):
+    path = os.environ.get(STATE_ENV)
+    if path:
+        _append(path, {"start": nodeid})
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    path = os.environ.get(STATE_ENV)
+    if path:
+        _append(path, {"done": nodeid})
+
+
+def pytest_collection_modifyitems(session, config, items):
+    path = os.environ.get(SKIP_ENV)
+    if not path or not Path(path).exists():
+        return
+    skip = set(Path(path).read_text().splitlines())
+    keep = [it for it in items if it.nodeid not in skip]
+    gone = [it for it in items if it.nodeid in skip]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        items[:] = keep
+
+
+# -- in the process the user started: one child per release ----------------------------------
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    releases = config.getoption("ggml_releases")
+    if not releases or os.environ.get(RELEASE_ENV):
+        return None
+    names = [r.strip() for r in releases.split(",") if r.strip()]
+    return run_releases(names, _args_without_option(config.invocation_params.args),
+                        Path(config.invocation_params.dir))
+
+
+def _args_without_option(args) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == "--ggml-releases":
+            skip = True
+            continue
+        if a.startswith("--ggml-releases="):
+            continue
+        out.append(a)
+    return out
+
+
+def _folder(release: str, say) -> Path:
+    from .compare._sides import CompareError, build, resolve
+    side = resolve(release)
+    if not side.built:
+        say(f"building ggml {release} ...")
+        try:
+            build(side, lambda msg: None)
+        except CompareError as e:
+            raise pytest.UsageError(str(e)) from None
+    return side.folder
+
+
+def _signal_name(code: int) -> str:
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def run_releases(releases: list[str], args: list[str], cwd: Path, out=None) -> int:
+    """Run ``python -m pytest ARGS`` once per release; return the worst exit status."""
+    out = out or sys.stdout
+    say = lambda msg: (out.write(msg + "\n"), out.flush())   # noqa: E731
+    results = []
+    for rel in releases:
+        try:
+            folder = _folder(rel, say)
+        except pytest.UsageError as e:
+            say(f"ggml {rel}: cannot be built: {e}")
+            results.append((rel, 4, "build failed", []))
+            continue
+        results.append((rel, *_run_one(rel, folder, args, cwd, say)))
+    say("\n" + "=" * 30 + " ggml releases " + "=" * 30)
+    worst = 0
+    for rel, code, summary, crashed in results:
+        say(f"ggml {rel}: {summary}")
+        for nodeid, why in crashed:
+            say(f"    CRASHED {nodeid} ({why})")
+        worst = max(worst, code)
+    return worst
+
+
+def _run_one(release: str, folder: Path, args: list[str], cwd: Path, say):
+    crashed: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory(prefix="ggml-releases-") as tmp:
+        state, skip = Path(tmp) / "state.jsonl", Path(tmp) / "skip.txt"
+        env = dict(os.environ, GGML_PY_BUILD=str(folder), **{RELEASE_ENV: release,
+                   STATE_ENV: str(state), SKIP_ENV: str(skip)})
+        code, runs = 0, 0
+        while True:
+            runs += 1
+            say(f"\n{'=' * 20} ggml {release} ({folder.name})"
+                + (f", run {runs} after a crash" if runs > 1 else "") + f" {'=' * 20}")
+            proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=cwd, env=env)
+            started, done = _read_state(state)
+            running = [n for n in started if n not in done]
+            rc = proc.returncode
+            if rc == 5 and runs > 1:     # a run after a crash found nothing left to run
+                rc = 0
+            if rc >= 0 and not running:
+                code = max(code, rc)
+                break
+            # the process died inside a test: report it, go on without what already ran
+            if not running:
+                code = max(code, 3)
+                crashed.append(("(outside any test)", _signal_name(proc.returncode)))
+                break
+            crashed.append((running[-1], _signal_name(proc.returncode)))
+            code = max(code, 1)
+            skip.write_text("\n".join(started) + "\n")
+        n_crash = len(crashed)
+        summary = ("passed" if code == 0 else
+                   "no tests ran" if code == 5 else f"failed (exit {code})")
+        if n_crash:
+            summary += f", {n_crash} test(s) crashed the process"
+        # exit status 5 (nothing collected) in one release is no failure of the matrix
+        return (0 if code == 5 else code), summary, crashed
+
+
+def _read_state(path: Path) -> tuple[list[str], set[str]]:
+    started, done = [], set()
+    if path.exists():
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if "start" in rec:
+                started.append(rec["start"])
+            else:
+                done.add(rec["done"])
+    return started, done
