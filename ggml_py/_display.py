@@ -17,6 +17,7 @@ import itertools
 
 import numpy as np
 
+from ._loader import ffi
 from .errors import GGMLError
 
 FETCH_LIMIT = 8 << 20    # bytes of a device tensor fetched to show its values
@@ -243,8 +244,15 @@ def tensor_html(t) -> str:
 
 # -- graphs ----------------------------------------------------------------------------------
 
-def _key(t):
-    return t      # Tensor hashes and compares by its ggml tensor
+def _addr(raw) -> int:
+    return int(ffi.cast("uintptr_t", raw))
+
+
+def _sources(t, by_addr: dict) -> list:
+    """The operands of `t` among the tensors in `by_addr` (address -> Tensor), read from
+    the raw tensor: after a scheduler split the graph, some operands are its own copies,
+    which only the graph's walk knows."""
+    return [by_addr[_addr(s)] for s in t.ptr.src if s != ffi.NULL and _addr(s) in by_addr]
 
 
 def _label(t, is_node: bool) -> list[str]:
@@ -401,7 +409,8 @@ def _graph_svg(graph, scheduler) -> str:
     outputs = set(getattr(graph, "outputs", []))
     is_node = {t: True for t in nodes}
     is_node.update({t: False for t in leafs})
-    edges = [(s, n) for n in nodes for s in n.src if s in is_node]
+    by_addr = {_addr(t.ptr): t for t in is_node}
+    edges = [(s, n) for n in nodes for s in _sources(n, by_addr)]
     placed, backends, copies = _placement(graph, scheduler)
     color = {b: i % len(PALETTE) for i, b in enumerate(backends)}
 
@@ -526,9 +535,11 @@ def splits(sched, graph) -> list[dict]:
     the run already took inputs. Each item is a dict with ``backend`` (the device's name),
     ``nodes``, ``ops`` and ``inputs`` (names of the tensors copied in)."""
     labels = _backend_labels(sched)
-    node_names = {n.name for n in graph.nodes}
+    nodes = graph.nodes
+    node_names = {n.name for n in nodes}
+    by_addr = {_addr(t.ptr): t for t in nodes + graph.leafs}
     out, current = [], None
-    for n in graph.nodes:
+    for n in nodes:
         b = _safe(lambda: sched.backend_of(n))
         if b is None or (n.op in VIEW_OPS and current is not None):
             if current is not None:
@@ -536,7 +547,7 @@ def splits(sched, graph) -> list[dict]:
             continue
         label = labels.get(b.name, b.name)
         ins = []
-        for s in n.src:
+        for s in _sources(n, by_addr):
             copy = _copy_of(s, labels)
             if copy is not None:
                 ins.append((copy[1], copy[1] not in node_names))   # (name, a copied leaf)
@@ -609,6 +620,8 @@ def _short(value, n: int = 80) -> str:
     elif isinstance(value, (list, tuple)):
         head = ", ".join(repr(v) for v in value[:6])
         text = f"[{len(value)} items] {head}" + (", \u2026" if len(value) > 6 else "")
+    elif isinstance(value, float):
+        text = f"{value:.7g}"      # f32 values: as many digits as they hold
     else:
         text = repr(value)
     return _clip(text, n)
@@ -617,6 +630,8 @@ def _short(value, n: int = 80) -> str:
 def gguf_html(f, max_rows: int = 200) -> str:
     """A GGUF file: version, alignment, a metadata table and a tensor table (the first
     `max_rows` of each)."""
+    if getattr(f, "closed", False):
+        return _title("GGUF", str(getattr(f, "path", "")), "closed")
     try:
         meta, tensors = dict(f.metadata), list(f.tensors)
         version, alignment = f.version, f.alignment

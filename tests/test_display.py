@@ -234,4 +234,23 @@ def test_gguf_html_tables(tmp_path):
         assert "general.name" in text and "tiny" in text and "tiny.layers" in text
         assert ">w<" in text and "(4, 6)" in text and "f32" in text
         assert f"version {f.version}" in text and f"alignment {f.alignment}" in text
-        assert "[2 items]" in text
+        assert "0.25" in text and "arr[f32]" in text                 # the GGUF value type
+    assert "closed" in D.gguf_html(f)
+
+
+def test_gguf_html_of_a_real_vocab_file(tmp_path):
+    gguf = pytest.importorskip("ggml_py.gguf")
+    import tarfile
+    from ggml_build import pins
+    sdist = pins.cache_dir() / "llama_cpp_python-0.3.36.tar.gz"
+    if not sdist.exists():
+        pytest.skip("the llama-cpp-python 0.3.36 sdist is not in the cache")
+    with tarfile.open(sdist) as tf:
+        member = next(m for m in tf if m.name.endswith("models/ggml-vocab-llama-spm.gguf"))
+        member.name = "vocab.gguf"
+        tf.extract(member, tmp_path)
+    with gguf.read(tmp_path / "vocab.gguf") as f:
+        text = D.gguf_html(f)
+    assert "tokenizer.ggml.tokens" in text and "arr[str]" in text and "[32000 items]" in text
+    assert "1e-05" in text                          # llama.attention.layer_norm_rms_epsilon
+    assert "no tensors" in text and "22 keys" in text
