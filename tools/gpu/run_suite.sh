@@ -7,7 +7,7 @@
 # RELEASE defaults to vendor/releases.toml's default. The machine reaches no package index,
 # so the device call carries what the build and the tests need (`carry`):
 #   .whl             cp312 wheels missing from the machine's image (cffi, pycparser, nbclient,
-#                    nbformat, ipykernel and their needs; see tools/gpu/README.md)
+#                    nbformat, ipykernel and their needs; tools/gpu/README.md says how)
 #   vendor/RELEASE   the extracted, stamped tree (`python build_ggml.py fetch --ggml RELEASE`
 #                    here first), which build_ggml.py takes as verified
 # e.g. run(command="bash tools/gpu/run_suite.sh", carry=[".whl", "vendor/0.25.3"])
@@ -17,7 +17,11 @@
 #   STEPS              any of bench, suite (default "suite"); bench runs bench_cuda.py
 #                      (mul_mat 8192^3 rows) and bench_multi_gpu.py. The build always runs:
 #                      on a warm machine it is ninja finding nothing to do
-#   BACKENDS           build_ggml.py --backends (default cpu,rpc,cuda, for sm_90: the H200)
+#   BACKENDS           build_ggml.py --backends (default cpu,rpc,cuda)
+#   CUDA_ARCH          --cuda-arch (default 90, the H200); CUDA_ARCH=native passes none, which
+#                      is build_ggml.py's default configuration there (ggml-<rel>-cpu-rpc-cuda):
+#                      then test_build_cli's plain `build_ggml.py` finds it built instead of
+#                      compiling CUDA a second time (about 200 s)
 #   JOBS               ninja -j (default: all cores)
 #   OUT                where logs go (set by the device tool; default /tmp/gpu-out)
 # Files in $OUT: build.log, ninja_times.txt, bench.log, pytest.log, junit.xml, env.txt.
@@ -30,7 +34,8 @@ REL=${1:-$(python3 -c 'import tomllib; print(tomllib.load(open("vendor/releases.
 STEPS=${STEPS:-suite}
 JOBS=${JOBS:-$(nproc)}
 BACKENDS=${BACKENDS:-cpu,rpc,cuda}
-ARCH=(); [[ ",$BACKENDS," == *,cuda,* ]] && ARCH=(--cuda-arch 90)
+CUDA_ARCH=${CUDA_ARCH:-90}
+ARCH=(); [[ ",$BACKENDS," == *,cuda,* && $CUDA_ARCH != native ]] && ARCH=(--cuda-arch "$CUDA_ARCH")
 export GGML_CUDA_DEVICES=${GGML_CUDA_DEVICES:-2}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}     # ggml_py from this checkout
