@@ -78,7 +78,9 @@ fi
 if [[ " $STEPS " == *" suite "* ]]; then
     set -o pipefail
     TIMEOUT=(); python3 -c 'import pytest_timeout' 2>/dev/null && TIMEOUT=(--timeout=600)
-    python3 -m pytest -ra --durations=15 "${TIMEOUT[@]}" -p no:cacheprovider \
+    # ggml_py is not pip-installed here, so pyproject's pytest11 entry point is not registered
+    PLUGIN=(); [ -f ggml_py/pytest_plugin.py ] && PLUGIN=(-p ggml_py.pytest_plugin)
+    python3 -m pytest -ra --durations=15 "${TIMEOUT[@]}" "${PLUGIN[@]}" -p no:cacheprovider \
         --junitxml="$OUT/junit.xml" "$@" 2>&1 | tee "$OUT/pytest.log"
     rc=$((rc | $?))
 fi
