@@ -51,8 +51,10 @@ def _loader_present() -> bool:
     return any(glob.glob(p) for p in pats)
 
 
-def missing_packages() -> list[str]:
-    """Debian packages of PACKAGES whose files are not on this machine."""
+def missing_packages(*, driver: bool = True) -> list[str]:
+    """Debian packages of PACKAGES whose files are not on this machine. `driver=False` leaves
+    out Mesa's software driver: a build needs none (a machine with a GPU brings its vendor's
+    driver, e.g. NVIDIA's ICD), only running without a GPU does."""
     missing = []
     if not _loader_present():
         missing.append("libvulkan-dev")
@@ -60,7 +62,7 @@ def missing_packages() -> list[str]:
         missing.append("glslc")
     if not Path("/usr/include/spirv/unified1/spirv.hpp").exists():
         missing.append("spirv-headers")
-    if not glob.glob("/usr/share/vulkan/icd.d/lvp_icd*.json"):
+    if driver and not glob.glob("/usr/share/vulkan/icd.d/lvp_icd*.json"):
         missing.append("mesa-vulkan-drivers")
     return missing
 
@@ -68,7 +70,7 @@ def missing_packages() -> list[str]:
 def include_dir() -> Path:
     """A Vulkan include folder new enough for ggml: the system's, else vendor/vulkan-headers.
     Raises BuildError saying what to run when neither is."""
-    missing = missing_packages()
+    missing = missing_packages(driver=False)
     if missing:
         raise BuildError(f"the Vulkan build needs {', '.join(missing)}",
                          f"apt-get install {' '.join(PACKAGES)} (or: python -m ggml_build.vulkan "
