@@ -139,4 +139,4 @@ def test_06_training(monkeypatch):
     accuracy = nb.number(r"accuracy on all points ([\d.]+)")
     assert last < first / 5 and accuracy > 0.95
     assert abs(nb.number(r"numpy accuracy with the trained parameters: ([\d.]+)") - accuracy) < 0.01
-    assert len(nb.data("image/png")) == 2                             # the data, the loss curve
+    assert len(nb.data("image/png")) == 1             # the loss curve and the decision regions
