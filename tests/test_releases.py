@@ -61,3 +61,51 @@ def test_rpc_servers_of_another_release_raise_instead_of_aborting():
                            timeout=120, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.startswith("refused"), r.stderr[-2000:]
     assert "speaks protocol 7.0.0" in r.stdout
+
+
+PLUGIN_TESTS = '''
+import ggml_py as gg
+
+
+def test_the_fixture_names_the_loaded_release(ggml_release):
+    assert ggml_release == gg.ggml_version()
+    assert ggml_release >= (0, 9) and ggml_release < "99.0.0"
+
+
+def test_aborts_on_releases_before_0_25(ggml_release):
+    if ggml_release < (0, 25):
+        gg.lib.ggml_abort(b"test_x.py", 1, b"%s", gg.ffi.new("char[]", b"deliberate abort"))
+
+
+def test_after_the_abort():
+    assert gg.device("CPU").name == "CPU"
+'''
+
+
+def _plugin_args() -> list[str]:
+    """`-p ggml_py.pytest_plugin` unless the installed entry point loads it already."""
+    from importlib.metadata import entry_points
+    installed = any(ep.value == "ggml_py.pytest_plugin" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "ggml_py.pytest_plugin"]
+
+
+@pytest.mark.slow
+def test_pytest_plugin_runs_each_release_in_its_own_process_and_survives_an_abort(tmp_path):
+    import ggml_py as gg
+    if not (OLD / "build.json").exists():
+        pytest.skip("needs the 0.20.2 build of the test above")
+    (tmp_path / "test_x.py").write_text(PLUGIN_TESTS)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("GGML_PY_BUILD", None)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        *_plugin_args(), "--ggml-releases", f"{OLD},{gg.BUILD_DIR}", "test_x.py"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = r.stdout
+    assert r.returncode == 1, out[-3000:] + r.stderr[-2000:]
+    summary = out[out.index("ggml releases"):]
+    # the abort is one failed test of 0.20.2; the test after it still ran, in a new process
+    assert f"ggml {OLD}: failed (exit 1), 1 test(s) crashed the process" in summary
+    assert "CRASHED test_x.py::test_aborts_on_releases_before_0_25 (SIGABRT)" in summary
+    assert "run 2 after a crash" in out and "1 passed, 2 deselected" in out
+    assert f"ggml {gg.BUILD_DIR}: passed" in summary
+    assert "3 passed" in out

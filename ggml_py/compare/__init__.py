@@ -64,9 +64,9 @@ def _cells(devices: list[str], ops: list[str], types: list[str]) -> list[list[st
     return [[d, op, t] for d in devices for op in ops for t in types]
 
 
-def _speed(sa: Side, sb: Side, devices: list[str], ops: list[str], rounds: int,
+def _speed(sa: Side, sb: Side, devices: list[str], ops: list[str], rounds: int, threads: int,
            progress) -> tuple[list[dict], list[dict], dict]:
-    spec = {"devices": devices, "ops": ops, "seconds_per_op": 0.02}
+    spec = {"devices": devices, "ops": ops, "seconds_per_op": 0.02, "threads": threads}
     with tempfile.TemporaryDirectory(prefix="ggml-compare-speed-") as tmp:
         progress("speed: building graphs on both sides")
         wa = SpeedWorker(sa, spec, Path(tmp))
@@ -90,7 +90,7 @@ def _speed(sa: Side, sb: Side, devices: list[str], ops: list[str], rounds: int,
 def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = None,
             backends: str | None = None, devices: list[str] | None = None,
             ops: list[str] | None = None, types: list[str] | None = None, speed: bool = True,
-            rounds: int = 5, max_slowdown: float | None = None, backend_ops: str | None = None,
+            rounds: int = 5, threads: int = 1, max_slowdown: float | None = None, backend_ops: str | None = None,
             backend_ops_filter: str | None = None, progress=None) -> dict:
     """Compare two builds; return the report (the JSON document, see docs/compare-schema.json).
 
@@ -129,9 +129,11 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
         both = [d for d in devs if d in names_a and d in names_b]
         speed_ops = [c.op for c in CASES if c.speed and c.op in op_names]
         if both and speed_ops:
-            rounds_a, rounds_b, speed_skipped = _speed(sa, sb, both, speed_ops, rounds, progress)
+            rounds_a, rounds_b, speed_skipped = _speed(sa, sb, both, speed_ops, rounds, threads,
+                                                       progress)
     speed_rows, speed_meta = _diff.speed(rounds_a, rounds_b, max_slowdown)
     speed_meta["skipped"] = speed_skipped
+    speed_meta["cpu_threads"] = threads
 
     report = {
         "schema": SCHEMA_VERSION,
@@ -188,6 +190,8 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--ops", metavar="LIST", help="comma list of ops (default: every op)")
     p.add_argument("--types", metavar="LIST", help=f"comma list of types (default: {','.join(TYPES)})")
     p.add_argument("--rounds", type=int, default=5, help="speed rounds per side (0: no speed table)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads of the speed table's CPU "
+                   "and RPC backends (default 1: kernels, not thread scheduling, on a busy machine)")
     p.add_argument("--backend-ops", metavar="MODE", help="test-backend-ops mode when both builds "
                    "have it (--with-tests): test or support (default: test with a GPU, else support)")
     p.add_argument("--backend-ops-filter", metavar="OPS", help="test-backend-ops -o filter")
@@ -206,7 +210,7 @@ def main(argv=None) -> int:
     try:
         rep = compare(args.a, args.b, source=args.source, backends=args.backends,
                       devices=split(args.devices), ops=split(args.ops), types=split(args.types),
-                      rounds=args.rounds, max_slowdown=args.max_slowdown,
+                      rounds=args.rounds, threads=args.threads, max_slowdown=args.max_slowdown,
                       backend_ops=args.backend_ops, backend_ops_filter=args.backend_ops_filter,
                       progress=Progress(quiet=args.quiet))
     except CompareError as e:

@@ -22,12 +22,12 @@ import numpy as np
 from ._cases import BY_OP, In, nmse, seed, threshold, values
 
 
-def _devices(gg, want_rpc: bool):
+def _devices(gg, want_rpc: bool, threads: int | None = None):
     """{name: Device}: the local devices, plus one RPC device served by this build."""
     server = None
     if want_rpc and "rpc" in gg.build_info()["backends"]:
         try:
-            server = gg.rpc.serve()
+            server = gg.rpc.serve(threads=threads)
             gg.rpc.connect(server.endpoint)
         except gg.GGMLError as e:
             print(f"! rpc {type(e).__name__}: {e}", flush=True)
@@ -86,14 +86,23 @@ def run_cell(gg, dev, backend, op: str, type_name: str) -> dict:
             "threshold": tol, "out": base64.b64encode(out32.tobytes()).decode()}
 
 
+ABORT_ENV = "GGML_PY_COMPARE_ABORT_AT"   # "device/op/type": ggml_abort() there (tests the isolation)
+
+
 def ops_main(cells_path: str, start: int) -> int:
+    import os
+
     import ggml_py as gg
     cells = json.loads(open(cells_path).read())
+    abort_at = os.environ.get(ABORT_ENV)
     devs, server = _devices(gg, any(d.startswith("RPC") for d, _, _ in cells))
     backends = {}
     for i in range(start, len(cells)):
         dname, op, ty = cells[i]
         print(f"> {i}", flush=True)
+        if abort_at == f"{dname}/{op}/{ty}":
+            msg = gg.ffi.new("char[]", f"abort requested at {abort_at}".encode())
+            gg.lib.ggml_abort(b"compare", 0, b"%s", msg)
         dev = devs.get(dname)
         if dev is None:
             res = {"status": "absent"}
@@ -112,7 +121,7 @@ def ops_main(cells_path: str, start: int) -> int:
     return 0
 
 
-def _speed_graphs(gg, devs, spec):
+def _speed_graphs(gg, devs, spec, threads):
     """[(device, op, backend, ctx, graph)] for the speed table: f32 inputs of the cases'
     `speed` shapes, one context per graph, skipping what a side refuses."""
     rng = np.random.default_rng(0)
@@ -121,7 +130,7 @@ def _speed_graphs(gg, devs, spec):
         dev = devs.get(dname)
         if dev is None:
             continue
-        be = dev.backend()
+        be = dev.backend(n_threads=threads) if threads and dev.type == "cpu" else dev.backend()
         for op in spec["ops"]:
             case = BY_OP[op]
             ctx = gg.Context()
@@ -147,8 +156,9 @@ def _speed_graphs(gg, devs, spec):
 def speed_main(spec_path: str) -> int:
     import ggml_py as gg
     spec = json.loads(open(spec_path).read())
-    devs, server = _devices(gg, any(d.startswith("RPC") for d in spec["devices"]))
-    graphs, skipped = _speed_graphs(gg, devs, spec)
+    threads = spec.get("threads")
+    devs, server = _devices(gg, any(d.startswith("RPC") for d in spec["devices"]), threads)
+    graphs, skipped = _speed_graphs(gg, devs, spec, threads)
     budget = spec.get("seconds_per_op", 0.02)
     # calibrate: iterations per measurement so that one measurement takes about `budget`
     iters = {}

@@ -1,0 +1,206 @@
+"""python -m ggml_py compare: two real releases side by side (0.20.2 vs 0.25.3 on CPU + RPC),
+each side in its own processes, the JSON checked against docs/compare-schema.json; the crash
+isolation of the op matrix; the renderings."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ggml_py as gg
+from ggml_py.compare import _diff, _report, render
+
+jsonschema = pytest.importorskip("jsonschema")
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((ROOT / "docs" / "compare-schema.json").read_text())
+# a slice of the matrix that keeps the test short: ops whose support or API moved between
+# 0.20.2 and 0.25.3 and a few that did not
+OPS = "add,mul_mat,get_rows,cumsum,top_k,pad,soft_max,rope_ext,flash_attn_ext,set_rows"
+TYPES = "f32,f16,q8_0"
+
+
+def compare(*args, env=None, timeout=1800):
+    r = subprocess.run([sys.executable, "-m", "ggml_py.compare", *args, "-q"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=timeout, env=env)
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    return r
+
+
+def validate(report: dict) -> None:
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    jsonschema.validate(report, SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def old_new(tmp_path_factory):
+    """0.20.2 vs 0.25.3 on CPU + RPC (builds what is missing: the folders test_releases.py
+    builds and uses as well)."""
+    out = tmp_path_factory.mktemp("compare") / "report.json"
+    r = compare("0.20.2", "0.25.3", "--backends", "cpu,rpc", "--ops", OPS, "--types", TYPES,
+                "--rounds", "2", "--format", "json", "-o", str(out))
+    return json.loads(out.read_text()), r
+
+
+@pytest.mark.slow
+def test_two_releases_json_matches_the_schema(old_new):
+    rep, r = old_new
+    validate(rep)
+    assert (rep["a"]["version"], rep["b"]["version"]) == ("0.20.2", "0.25.3")
+    assert rep["a"]["folder"] != rep["b"]["folder"]
+    # the exit status says whether something regressed, and the summary says what first
+    assert r.returncode == (1 if rep["regressions"] else 0)
+    assert "regression(s)" in r.stderr.splitlines()[2]
+
+
+@pytest.mark.slow
+def test_two_releases_api(old_new):
+    rep, _ = old_new
+    api = rep["api"]
+    assert api["layout_source"] == ["compiler", "compiler"]
+    f = api["functions"]
+    assert f["count"]["b"] > f["count"]["a"] > 500
+    assert "ggml_top_k" in f["added"] or "ggml_cumsum" in f["added"]
+    assert api["constants"]["changed"]["RPC_PROTO_MAJOR_VERSION"] == [5, 7]
+    # struct layouts come from the compiler: a struct whose layout changed, with the fields
+    caps = {s["name"]: s for s in api["structs"]["changed"]}
+    assert caps, "no struct layout changed between 0.20.2 and 0.25.3"
+    for s in caps.values():
+        assert "opaque" in s or s["fields_added"] or s["fields_removed"] or s["fields_moved"] \
+            or s["fields_retyped"] or s["size"][0] != s["size"][1]
+    # enums: GGML_OP_* values moved (serialized graphs of 0.20.2 do not load in 0.25.3)
+    ops_enum = {e["name"]: e for e in api["enums"]["changed"]}["enum ggml_op"]
+    assert ops_enum["added"] and ops_enum["moved"]
+
+
+@pytest.mark.slow
+def test_two_releases_runtime(old_new):
+    rep, _ = old_new
+    rt = rep["runtime"]
+    assert rt["rpc_protocol"] == ["5.0.0", "7.0.0"]
+    # 0.20.2's RPC devices have no events, 0.25.3's have
+    changed = {d["name"]: d for d in rt["devices"]["changed"]}
+    assert changed["RPC0"]["caps"]["events"] == [False, True]
+    assert [d["name"] for d in rt["b"]["devices"]] == ["CPU", "RPC0"]
+
+
+@pytest.mark.slow
+def test_two_releases_op_matrix(old_new):
+    rep, _ = old_new
+    rows = {(r["device"], r["op"], r["type"]): r for r in rep["ops"]}
+    assert {d for d, _, _ in rows} == {"CPU", "RPC0"}
+    same = rows[("CPU", "mul_mat", "f32")]
+    assert same["a"]["status"] == same["b"]["status"] == "ok"
+    assert same["nmse_ab"] is not None and same["nmse_ab"] < 1e-10
+    # an op 0.20.2 lacks: refused there, computed by 0.25.3 (its support differs)
+    improved = [r for r in rep["ops"] if r["verdict"] == "improved"]
+    assert improved, "no op support differs"
+    assert all(r["a"]["status"] != "ok" and r["b"]["status"] == "ok" for r in improved)
+    # every cell has a verdict the schema knows and a threshold where something computed
+    assert all(r["threshold"] for r in rep["ops"] if "ok" in (r["a"]["status"], r["b"]["status"]))
+
+
+@pytest.mark.slow
+def test_two_releases_speed_and_renderings(old_new):
+    rep, _ = old_new
+    assert rep["speed_meta"]["rounds"] == 2 and rep["speed"]
+    for row in rep["speed"]:
+        assert row["a_us"] > 0 and row["b_us"] > 0 and row["ratio"] > 0
+    md = render(rep, "md")
+    for section in ("## Regressions", "## API", "### Structs", "### Enums", "## Runtime",
+                    "## Ops", "## Speed"):
+        assert section in md
+    page = render(rep, "html")
+    assert page.startswith("<!doctype html>") and "<svg" in page and 'class=grid' in page
+    assert "src=" not in page and "http://" not in page.replace("http://www.w3.org", "")
+
+
+def test_a_cell_that_aborts_its_process_is_one_crashed_cell(tmp_path):
+    """ggml_abort() in one cell (asked for through the worker's test hook) marks that cell on
+    both sides; the cells after it still run, in a new worker process."""
+    out = tmp_path / "self.json"
+    env = dict(os.environ, GGML_PY_COMPARE_ABORT_AT="CPU/add/f16")
+    build = str(gg.BUILD_DIR)
+    r = compare(build, build, "--ops", "add,mul", "--types", "f32,f16", "--devices", "CPU",
+                "--rounds", "0", "--format", "json", "-o", str(out), env=env, timeout=600)
+    rep = json.loads(out.read_text())
+    validate(rep)
+    rows = {(r["op"], r["type"]): r for r in rep["ops"]}
+    crashed = rows[("add", "f16")]
+    assert crashed["a"]["status"] == crashed["b"]["status"] == "crash"
+    assert "abort requested at CPU/add/f16" in crashed["a"]["error"]
+    assert crashed["verdict"] == "same"
+    for key in [("add", "f32"), ("mul", "f32"), ("mul", "f16")]:
+        assert rows[key]["a"]["status"] == rows[key]["b"]["status"] == "ok"
+        assert rows[key]["nmse_ab"] == 0.0
+    assert rep["regressions"] == [] and r.returncode == 0
+    assert rep["api"]["functions"]["added"] == rep["api"]["functions"]["removed"] == []
+
+
+def test_a_side_that_does_not_exist_is_an_error_not_a_traceback():
+    r = subprocess.run([sys.executable, "-m", "ggml_py.compare", "0.0.1", "0.25.3", "-q"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "neither a pinned release" in r.stderr and "Traceback" not in r.stderr
+
+
+# -- the verdicts, on hand-made cells (the diff functions are pure) ---------------------------
+def _cell(status, nmse=None):
+    c = {"status": status}
+    if status in ("ok", "fail"):
+        c.update(nmse=nmse or 0.0, threshold=1e-7, out="AACAPw==")   # one float32: 1.0
+    return c
+
+
+@pytest.mark.parametrize("a, b, verdict", [
+    ("ok", "fail", "regressed"), ("ok", "crash", "regressed"), ("ok", "unsupported", "regressed"),
+    ("unsupported", "crash", "regressed"), ("fail", "ok", "improved"), ("refused", "ok", "improved"),
+    ("ok", "ok", "same"), ("unsupported", "error", "changed"), ("crash", "crash", "same"),
+])
+def test_verdicts(a, b, verdict):
+    (row,) = _diff.ops([["CPU", "add", "f32"]], [_cell(a)], [_cell(b)])
+    assert row["verdict"] == verdict
+    rep = {"ops": [row], "api": {"functions": {"removed": []}}, "speed": []}
+    assert bool(_diff.regressions(rep)) == (verdict == "regressed")
+
+
+def test_cells_both_sides_refuse_are_left_out():
+    assert _diff.ops([["CPU", "add", "i8"]], [_cell("refused")], [_cell("refused")]) == []
+
+
+def test_removed_functions_and_slowdowns_beyond_the_limit_regress():
+    funcs = _diff.functions({"f": {"result": "int", "args": ["int"]}, "g": {"result": "int", "args": []}},
+                            {"f": {"result": "int", "args": ["int64_t"]}})
+    assert funcs["removed"] == ["g"] and funcs["changed"][0]["b"] == "int (int64_t)"
+    rows, meta = _diff.speed([{"CPU/add": 10.0}, {"CPU/add": 10.2}],
+                             [{"CPU/add": 30.0}, {"CPU/add": 30.3}], max_slowdown=2.0)
+    assert rows[0]["flag"] == "slower" and rows[0]["regressed"] and meta["noise_max"] < 0.05
+    rows, _ = _diff.speed([{"CPU/add": 10.0}, {"CPU/add": 10.2}],
+                          [{"CPU/add": 30.0}, {"CPU/add": 30.3}], max_slowdown=None)
+    assert rows[0]["flag"] == "slower" and not rows[0]["regressed"]
+    rep = {"ops": [], "api": {"functions": funcs}, "speed": rows}
+    assert _diff.regressions(rep) == ["function removed: g"]
+
+
+def test_struct_and_enum_diffs():
+    fa = [{"name": "x", "type": "int", "offset": 0, "bits": None},
+          {"name": "y", "type": "int", "offset": 4, "bits": None}]
+    fb = [{"name": "w", "type": "char", "offset": 0, "bits": None},
+          {"name": "x", "type": "int", "offset": 4, "bits": None},
+          {"name": "y", "type": "long", "offset": 8, "bits": None}]
+    s = _diff.structs({"struct s": {"opaque": False, "size": 8, "align": 4, "fields": fa}},
+                      {"struct s": {"opaque": False, "size": 16, "align": 8, "fields": fb}})
+    (c,) = s["changed"]
+    assert c["size"] == [8, 16] and [f["name"] for f in c["fields_added"]] == ["w"]
+    assert c["fields_retyped"] == [{"name": "y", "a": "int", "b": "long"}]
+    assert {f["name"] for f in c["fields_moved"]} == {"x", "y"}
+    e = _diff.enums({"enum op": {"A": 0, "B": 1}}, {"enum op": {"A": 0, "N": 1, "B": 2}})
+    assert e["changed"][0]["moved"] == {"B": [1, 2]} and e["changed"][0]["added"] == {"N": 1}
+    assert "B 1->2" in "\n".join(_report.summary_lines({
+        "a": {"version": "1", "name": "a", "bindings": "api"}, "b": {"version": "2", "name": "b", "bindings": "api"},
+        "regressions": [], "api": {"functions": {"count": {"a": 0, "b": 0}, "added": [], "removed": [], "changed": []},
+                                   "structs": s, "enums": e, "constants": {"changed": {}}},
+        "runtime": {"rpc_protocol": [None, None], "devices": {"added": [], "removed": [], "changed": []}},
+        "ops": [], "speed": [], "speed_meta": {}}))
