@@ -55,6 +55,10 @@ def _size(n: int | None) -> str:
     return str(n)
 
 
+def _max_size(n: int) -> str:
+    return "no limit" if n >= (1 << 62) else _size(n)     # ggml says SIZE_MAX for none
+
+
 def _table(rows, header=None) -> str:
     out = [f'<table style="{_BOX}">']
     if header:
@@ -121,12 +125,12 @@ def device_html(dev) -> str:
     name = _safe(lambda: dev.name, "?")
     desc = _safe(lambda: dev.description, "")
     bufts = _safe(lambda: dev.buffer_types, []) or []
-    rows = [[f"<code>{_e(b.name)}</code>", _e(b.alignment), _e(_size(b.max_size)),
-             "host" if b.is_host else "device"] for b in bufts]
+    rows = [[f"<code>{_e(b.name)}</code>", _e(b.alignment), _e(_max_size(b.max_size)),
+             "yes" if b.is_host else "no"] for b in bufts]
     parts = [_title("Device", name, f"{_e(_safe(lambda: dev.type, '?'))} &middot; {_e(desc)}"),
              _table([["memory", _memory_bar(_safe(lambda: dev.memory))], ["caps", _caps(dev)]]),
              '<div style="font-family:sans-serif;margin:6px 0 2px">buffer types</div>',
-             _table(rows, ["name", "alignment", "max size", "memory"]) if rows else
+             _table(rows, ["name", "alignment", "max size", "host-readable"]) if rows else
              '<span style="color:#888">none reported</span>']
     return "<div>" + "".join(parts) + "</div>"
 
@@ -154,10 +158,10 @@ def buffer_html(buf) -> str:
     buft = _safe(lambda: buf.buffer_type)
     dev = _safe(lambda: buft.device) if buft is not None else None
     rows = [["size", _e(f"{_size(_safe(lambda: buf.size))} ({_safe(lambda: buf.size)} bytes)")],
-            ["memory", "host (CPU-readable)" if _safe(lambda: buf.is_host) else "device"],
+            ["host-readable", "yes" if _safe(lambda: buf.is_host) else "no"],
             ["usage", _e(_safe(lambda: buf.usage, "?"))],
             ["buffer type", f"<code>{_e(_safe(lambda: buft.name, '?'))}</code>"],
-            ["device", _e(_safe(lambda: dev.name, "none")) if dev is not None else "none"],
+            ["device", _e(_safe(lambda: dev.name, "?")) if dev is not None else "\u2014"],
             ["base", f"<code>{_safe(lambda: buf.base, 0):#x}</code>"]]
     return "<div>" + _title("Buffer", _safe(lambda: buf.name, "?")) + _table(rows) + "</div>"
 

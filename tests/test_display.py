@@ -26,6 +26,8 @@ def test_device_html_shows_name_memory_caps_and_buffer_types(dev):
         assert buft.name in text
     free, total = dev.memory
     assert "free of" in text and D._size(total) in text
+    if dev.name == "CPU":
+        assert "no limit" in text                     # ggml's SIZE_MAX max size
 
 
 def test_devices_html_lists_every_device(rpc_servers):
@@ -44,7 +46,8 @@ def test_device_repr_is_one_useful_line(rpc_devs):
 def test_buffer_html_open_and_closed(cpu):
     buf = cpu.buffer_type.alloc(3 << 20)
     text = D.buffer_html(buf)
-    assert "3.0 MiB" in text and str(3 << 20) in text and "host" in text and cpu.buffer_type.name in text
+    assert "3.0 MiB" in text and str(3 << 20) in text and cpu.buffer_type.name in text
+    assert "host-readable" in text and ">yes<" in text
     buf.close()
     assert "closed" in D.buffer_html(buf)
 
