@@ -68,6 +68,8 @@ def test_01_quickstart(monkeypatch):
     assert len(pictures) == 1 and "SOFT_MAX" in pictures[0] and "MUL_MAT" in pictures[0]
     assert "marker" in pictures[0]                       # edges end in arrowheads
     assert "dot -Tpng" not in nb.text
+    if WIRED:
+        assert any("Devices" in h and "RPC0" in h for h in nb.data("text/html"))
 
 
 def test_02_devices_buffers_zero_copy(monkeypatch):
