@@ -319,35 +319,37 @@ def _placement(graph, scheduler):
     return placed, (list(labels.values()) if placed else []), copies
 
 
-def _layers(nodes, leafs, edges, copied):
-    """Rows: nodes by longest path from the inputs (a scheduler's copy goes right below its
-    source, before its first consumer); each other input right above its first consumer."""
-    preds = {t: [] for t in nodes + leafs}
+def _layers(n_nodes: int, n_all: int, edges, copied) -> dict:
+    """Rows of vertices 0..n_all-1 (nodes first, in ggml's dependency order, then leafs):
+    nodes by longest path from the inputs (a scheduler's copy right below its source, before
+    its first consumer); each other input right above its first consumer."""
+    preds = {v: [] for v in range(n_all)}
+    succs = {v: [] for v in range(n_all)}
     for s, d in edges:
         preds[d].append(s)
-    layer = {t: 0 for t in leafs}
-    done = set(leafs) - set(copied)
-    for n in nodes:              # ggml keeps nodes in dependency order
+        succs[s].append(d)
+    layer = {v: 0 for v in range(n_nodes, n_all)}
+    done = set(range(n_nodes, n_all)) - set(copied)
+    for n in range(n_nodes):
         for s in preds[n]:
             if s not in done:    # a copy, placed once its source is
                 layer[s] = 1 + max((layer[p] for p in preds[s]), default=-1)
                 done.add(s)
         layer[n] = 1 + max((layer[s] for s in preds[n]), default=0)
-    for leaf in leafs:
+    for leaf in range(n_nodes, n_all):
         if leaf in copied and preds[leaf]:
             continue
-        uses = [layer[d] for s, d in edges if s == leaf]
-        if uses:
-            layer[leaf] = min(uses) - 1
+        if succs[leaf]:
+            layer[leaf] = min(layer[d] for d in succs[leaf]) - 1
     return layer
 
 
-def _copy_sources(copies, placed, candidates) -> dict:
-    """{copy: its source} where the source's name and backend tell it apart."""
+def _copy_sources(copies, placed, names) -> dict:
+    """{copy: its source} (vertex ids) where the source's name and backend tell it apart."""
     found = {}
     for c, src in copies.items():
-        match = [t for t in candidates if t not in copies and t.name == src
-                 and placed.get(t) not in (None, placed[c])]
+        match = [v for v, name in enumerate(names) if v not in copies and name == src
+                 and placed.get(v) not in (None, placed[c])]
         if len(match) == 1:
             found[c] = match[0]
     return found
@@ -355,15 +357,16 @@ def _copy_sources(copies, placed, candidates) -> dict:
 
 def _order(rows, up, down, sweeps: int = 4):
     """Barycenter ordering of each row, sweeping down then up (fewer crossings)."""
+    pos = {v: i for row in rows for i, v in enumerate(row)}
     for _ in range(sweeps):
         for seq, nbrs in ((range(1, len(rows)), up), (range(len(rows) - 2, -1, -1), down)):
             for r in seq:
-                pos = {v: i for row in rows for i, v in enumerate(row)}
                 keyed = []
                 for i, v in enumerate(rows[r]):
                     ns = nbrs.get(v, [])
                     keyed.append((sum(pos[n] for n in ns) / len(ns) if ns else i, i))
                 rows[r] = [rows[r][i] for i in sorted(range(len(rows[r])), key=keyed.__getitem__)]
+                pos.update((v, i) for i, v in enumerate(rows[r]))
     return rows
 
 
@@ -410,31 +413,37 @@ def _graph_svg(graph, scheduler) -> str:
     if len(nodes) + len(leafs) > DRAW_LIMIT:
         return _svg_message(f"a graph of {len(nodes)} nodes and {len(leafs)} inputs: too large "
                             f"to draw (limit {DRAW_LIMIT}); Graph.to_dot() gives Graphviz text")
-    outputs = set(getattr(graph, "outputs", []))
-    is_node = {t: True for t in nodes}
-    is_node.update({t: False for t in leafs})
-    by_addr = {_addr(t.ptr): t for t in is_node}
-    edges = [(s, n) for n in nodes for s in _sources(n, by_addr)]
-    placed, backends, copies = _placement(graph, scheduler)
+    # vertices are ints: nodes 0..n-1 in ggml's order, then leafs, then edge placeholders
+    tensors = nodes + leafs
+    n_nodes, n_all = len(nodes), len(tensors)
+    vid = {_addr(t.ptr): v for v, t in enumerate(tensors)}
+    is_node = [v < n_nodes for v in range(n_all)]
+    edges = [(vid[_addr(s)], v) for v, n in enumerate(nodes) for s in n.ptr.src
+             if s != ffi.NULL and _addr(s) in vid]
+    outputs = {vid.get(_addr(o.ptr)) for o in getattr(graph, "outputs", [])}
+    by_tensor, backends, copies_t = _placement(graph, scheduler)
+    placed = {v: by_tensor[t] for v, t in enumerate(tensors) if t in by_tensor}
+    copies = {v: copies_t[t] for v, t in enumerate(tensors) if t in copies_t}
     color = {b: i % len(PALETTE) for i, b in enumerate(backends)}
 
-    copy_src = _copy_sources(copies, placed, nodes + leafs)
+    labels = [_label(t, is_node[v]) for v, t in enumerate(tensors)]
+    copy_src = _copy_sources(copies, placed, [t.name for t in tensors])
     copy_edges = {(src, c) for c, src in copy_src.items()}
-    edges += sorted(copy_edges, key=lambda e: e[1].name)
-    layer = _layers(nodes, leafs, edges, copies)
-    labels = {t: _label(t, is_node[t]) for t in is_node}
-    for t, src in copies.items():
-        labels[t] = [f"copy of {src}", f"to {placed[t]}", labels[t][-1]]
-    char_w, box_h, row_gap = 6.8, 46, 46
-    width = {t: min(220, max(92, 14 + char_w * max(len(s) for s in labels[t]))) for t in is_node}
+    edges += sorted(copy_edges, key=lambda e: labels[e[1]])
+    layer = _layers(n_nodes, n_all, edges, copies)
+    for v, src in copies.items():
+        labels[v] = [f"copy of {src}", f"to {placed[v]}", labels[v][-1]]
+    char_w, box_h, row_gap = 6.8, 46, 36
+    width = {v: min(220, max(92, 14 + char_w * max(len(s) for s in labels[v])))
+             for v in range(n_all)}
 
     # long edges pass through one small placeholder per row they cross
     up, down, chains = {}, {}, []
-    dummy_count = itertools.count()
+    dummies = itertools.count(n_all)
     for s, d in edges:
         chain = [s]
         for r in range(layer[s] + 1, layer[d]):
-            v = ("dummy", next(dummy_count))
+            v = next(dummies)
             layer[v], width[v] = r, 8
             chain.append(v)
         chain.append(d)
@@ -444,7 +453,7 @@ def _graph_svg(graph, scheduler) -> str:
             down.setdefault(a, []).append(b)
     n_rows = max(layer.values(), default=-1) + 1
     rows = [[] for _ in range(n_rows)]
-    for v in list(leafs) + list(nodes):
+    for v in list(range(n_nodes, n_all)) + list(range(n_nodes)):
         rows[layer[v]].append(v)
     for chain in chains:
         for v in chain[1:-1]:
@@ -474,9 +483,11 @@ def _graph_svg(graph, scheduler) -> str:
                    f'<text x="{lx + 20}" y="{margin + 4}">{_e(_clip(b, 15))}</text>')
 
     # edges: enter each box at its own spot along the top, in the order of the sources' x
-    entry = {}
-    for d in is_node:
-        ins = sorted((c for c in chains if c[-1] == d), key=lambda c: x[c[-2]])
+    entry, into = {}, {}
+    for c in chains:
+        into.setdefault(c[-1], []).append(c)
+    for d, ins in into.items():
+        ins.sort(key=lambda c: x[c[-2]])
         k = len(ins)
         step = min(14.0, (width[d] - 16) / max(k, 1))
         for j, c in enumerate(ins):
@@ -499,7 +510,7 @@ def _graph_svg(graph, scheduler) -> str:
             style = f'stroke="{PALETTE[color[placed[chain[-1]]]]}" stroke-width="1.6" stroke-dasharray="5 3"'
         out.append(f'<path d="{" ".join(path)}" fill="none" {style} marker-end="url(#{mid})"/>')
 
-    for t in is_node:
+    for t in range(n_all):
         b = placed.get(t)
         if b is not None:
             fill, stroke = FILLS[color[b]], PALETTE[color[b]]
