@@ -1,7 +1,10 @@
 """Rich displays (ggml_py._display): what a Jupyter user sees for devices, buffers, tensors,
 graphs, schedulers and GGUF files. The graph pictures are checked geometrically: every edge
 ends in an arrowhead and no edge passes through a box."""
+import os
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -10,7 +13,7 @@ import pytest
 import ggml_py as gg
 from ggml_py import _display as D
 
-from conftest import LayerStack
+from conftest import ROOT, LayerStack
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -257,3 +260,26 @@ def test_gguf_html_of_a_real_vocab_file(tmp_path):
     assert "tokenizer.ggml.tokens" in text and "arr[str]" in text and "[32000 items]" in text
     assert "1e-05" in text                          # llama.attention.layer_norm_rms_epsilon
     assert "no tensors" in text and "22 keys" in text
+
+
+def test_displays_survive_a_dead_rpc_server(tmp_path):
+    """Every display of objects on a server that went away says so instead of aborting
+    (ggml's RPC client aborts the process on a dead connection). In its own process: the
+    dead device stays registered there."""
+    script = tmp_path / "dead.py"
+    script.write_text(
+        "import numpy as np, ggml_py as gg\n"
+        "from ggml_py import _display as D\n"
+        "srv = gg.rpc.serve(); gg.rpc.connect(srv.endpoint)\n"
+        "dev = gg.device('RPC0'); be = dev.backend(); ctx = gg.Context()\n"
+        "t = ctx.from_numpy(np.ones((2, 3), np.float32), 't'); ctx.alloc(be)\n"
+        "t.set(np.ones((2, 3), np.float32)); buf = dev.buffer_type.alloc(1024)\n"
+        "srv.close()\n"
+        "print(D.device_repr(dev)); print(D.tensor_repr(t))\n"
+        "for html in (D.device_html(dev), D.devices_html(), D.tensor_html(t), D.buffer_html(buf)):\n"
+        "    print(len(html) > 0)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert "not reachable" in lines[0] and lines[-4:] == ["True"] * 4
