@@ -176,15 +176,21 @@ def _where(t) -> str | None:
 
 
 def _values(t) -> tuple[np.ndarray | None, str]:
-    """(values, why not) for a tensor: host memory is read in place, device memory fetched
+    """(values, why not) for a tensor: plain host memory is read in place (a view: printing
+    reads only the elements shown), device memory fetched and quantized data dequantized
     when small enough."""
     if t.data is None:
         return None, "no memory yet: allocate its context (ctx.alloc(backend)) or compute its graph"
-    if not t.is_host and t.nbytes > FETCH_LIMIT:
-        return None, f"{_size(t.nbytes)} on the device: not fetched for display (t.numpy() fetches it)"
-    if not t.is_host and not t.is_contiguous:
-        return None, "a non-contiguous view of device memory (compute gg.cont(t) to see it)"
     try:
+        if t.is_host and t.dtype is not None:
+            return t.numpy(), ""
+        if t.nbytes > FETCH_LIMIT:
+            where, what = ("in host memory", "dequantized") if t.is_host else \
+                ("on the device", "fetched")
+            return None, (f"{_size(t.nbytes)} of {t.type.name} {where}: not {what} for "
+                          "display (t.numpy() does it)")
+        if not t.is_contiguous:
+            return None, "a non-contiguous view of device memory (compute gg.cont(t) to see it)"
         return t.numpy(copy=True), ""
     except GGMLError as e:
         return None, f"values unavailable: {e}"
