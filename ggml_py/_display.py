@@ -74,7 +74,8 @@ def _badge(text: str, on: bool) -> str:
     color, bg = ("#1b5e20", "#dcefd8") if on else ("#888", "#f1f1f1")
     mark = "&#10003;" if on else "&#10007;"
     return (f'<span style="display:inline-block;margin:1px 3px 1px 0;padding:0 6px;'
-            f'border-radius:8px;background:{bg};color:{color};font-size:11px">{mark} {_e(text)}</span>')
+            f'border-radius:8px;background:{bg};color:{color};font-size:11px">'
+            f'{mark} {_e(text)}</span>')
 
 
 def _title(kind: str, name: str, extra: str = "") -> str:
@@ -234,7 +235,8 @@ def tensor_html(t) -> str:
     srcs = _safe(lambda: t.src, []) or []
     rows = [["shape", f"<code>{_e(shape)}</code> &nbsp;<span style='color:#888'>ggml ne "
                       f"{_e(tuple(t.ne))}</span>"],
-            ["type", f"<code>{_e(ttype.name)}</code>" + (" (quantized)" if ttype.is_quantized else "")],
+            ["type", f"<code>{_e(ttype.name)}</code>"
+                      + (" (quantized)" if ttype.is_quantized else "")],
             ["memory", _e(f"{where}, {'host' if t.is_host else 'device'}") if where else
              "<i>none yet</i>"],
             ["strides", f"<code>{_e(_strides(t))}</code> bytes"
@@ -246,7 +248,8 @@ def tensor_html(t) -> str:
     values, why = _values(t) if where else (None, "no memory yet: allocate its context "
                                             "(ctx.alloc(backend)) or compute its graph")
     body = (f'<pre style="margin:4px 0;font-size:12px">{_e(_preview(values))}</pre>'
-            if values is not None else f'<div style="color:#888;font-family:sans-serif">{_e(why)}</div>')
+            if values is not None else
+            f'<div style="color:#888;font-family:sans-serif">{_e(why)}</div>')
     fetched = "" if values is None or t.is_host else " &middot; values fetched from the device"
     return ("<div>" + _title("Tensor", name or "(unnamed)", fetched) + _table(rows) + body
             + "</div>")
@@ -513,7 +516,8 @@ def _graph_svg(graph, scheduler) -> str:
                 path.append(f"L{x1:.1f},{y1:.1f}")
         style = 'stroke="#666" stroke-width="1.2"'
         if (chain[0], chain[-1]) in copy_edges:      # a copy between backends
-            style = f'stroke="{PALETTE[color[placed[chain[-1]]]]}" stroke-width="1.6" stroke-dasharray="5 3"'
+            style = (f'stroke="{PALETTE[color[placed[chain[-1]]]]}" stroke-width="1.6" '
+                     'stroke-dasharray="5 3"')
         out.append(f'<path d="{" ".join(path)}" fill="none" {style} marker-end="url(#{mid})"/>')
 
     for t in range(n_all):
@@ -611,7 +615,8 @@ def scheduler_html(sched, graph=None) -> str:
              _e(_size(_safe(lambda: sched.buffer_size(b), 0)))]
             for i, (n, b) in enumerate(zip(names, sched.backends))]
     head = _title("Scheduler", " \u2192 ".join(names),
-                  f"{_safe(lambda: sched.n_splits, '?')} splits, {_safe(lambda: sched.n_copies, '?')} "
+                  f"{_safe(lambda: sched.n_splits, '?')} splits, "
+                  f"{_safe(lambda: sched.n_copies, '?')} "
                   "copies (ggml's counts for the last graph)")
     parts = ["<div>", head, _table(rows, ["backend", "compute buffer"])]
     if graph is None:
@@ -626,7 +631,8 @@ def scheduler_html(sched, graph=None) -> str:
                 srows.append([str(i), f"<code>{_e(s['backend'])}</code>", str(len(s["nodes"])),
                               _e(ops), _e(ins)])
             parts += ['<div style="font-family:sans-serif;margin:6px 0 2px">splits</div>',
-                      _table(srows, ["#", "backend", "nodes", "ops", "inputs from another backend"])]
+                      _table(srows, ["#", "backend", "nodes", "ops",
+                                     "inputs from another backend"])]
         parts.append(graph_svg(graph, scheduler=sched))
     parts.append("</div>")
     return "".join(parts)
@@ -665,7 +671,8 @@ def gguf_html(f, max_rows: int = 200) -> str:
               _e(_size(t.nbytes))] for t in tensors[:max_rows]]
     total = sum(int(t.nbytes) for t in tensors)
     path = getattr(f, "path", "")
-    parts = ["<div>", _title("GGUF", str(path), f"version {_e(version)}, alignment {_e(alignment)}, "
+    parts = ["<div>", _title("GGUF", str(path), f"version {_e(version)}, "
+                             f"alignment {_e(alignment)}, "
                              f"{len(meta)} keys, {len(tensors)} tensors, {_e(_size(total))}"),
              '<details open><summary style="font-family:sans-serif">metadata</summary>',
              _table(mrows, ["key", "type", "value"]),

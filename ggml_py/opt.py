@@ -59,7 +59,8 @@ class Dataset(Owned):
             require(len(labels) == len(data),
                     f"{len(data)} data points but {len(labels)} labels")
         require(isinstance(shard, int) and shard >= 1 and len(data) % shard == 0,
-                f"shard must be an int >= 1 that divides the {len(data)} data points, got {shard!r}")
+                f"shard must be an int >= 1 that divides the {len(data)} data points, "
+                f"got {shard!r}")
         raw = lib.ggml_opt_dataset_init(lib.GGML_TYPE_F32, lib.GGML_TYPE_F32, data.shape[1],
                                         0 if labels is None else labels.shape[1], len(data), shard)
         if raw == ffi.NULL:
@@ -117,7 +118,7 @@ class Optimizer(Owned):
                  optimizer: str = "adamw", lr: float = 1e-3, beta1: float = 0.9,
                  beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
                  opt_period: int = 1):
-        from . import Backend, Scheduler, Tensor     # the package face (imported late: it imports us)
+        from . import Backend, Scheduler, Tensor   # the package face (late: it imports us)
         backends = [backends] if isinstance(backends, Backend) else list(backends)
         require(loss in LOSSES, f"loss must be one of {sorted(LOSSES)}, not {loss!r}")
         require(optimizer in OPTIMIZERS, f"optimizer must be 'adamw' or 'sgd', not {optimizer!r}")

@@ -276,7 +276,8 @@ def test_displays_survive_a_dead_rpc_server(tmp_path):
         "t.set(np.ones((2, 3), np.float32)); buf = dev.buffer_type.alloc(1024)\n"
         "srv.close()\n"
         "print(D.device_repr(dev)); print(D.tensor_repr(t))\n"
-        "for html in (D.device_html(dev), D.devices_html(), D.tensor_html(t), D.buffer_html(buf)):\n"
+        "for html in (D.device_html(dev), D.devices_html(), D.tensor_html(t),\n"
+        "             D.buffer_html(buf)):\n"
         "    print(len(html) > 0)\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})

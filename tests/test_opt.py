@@ -12,7 +12,8 @@ from ggml_py import opt
 
 def blobs(rng, n_per_class=64, classes=3):
     centers = np.array([[0, 2], [2, -1], [-2, -1]], np.float32)[:classes]
-    X = np.concatenate([c + rng.normal(0, 0.6, (n_per_class, 2)) for c in centers]).astype(np.float32)
+    X = np.concatenate([c + rng.normal(0, 0.6, (n_per_class, 2)) for c in centers])
+    X = X.astype(np.float32)
     y = np.repeat(np.arange(classes), n_per_class)
     order = rng.permutation(len(y))
     return X[order], y[order]
@@ -64,7 +65,8 @@ def test_sgd_and_mse(cpu_backend, rng):
     X, y = blobs(rng)
     data = opt.Dataset(X, np.eye(3, dtype=np.float32)[y])
     m = Model(cpu_backend, rng)
-    trainer = opt.Optimizer(cpu_backend, m.x, m.logits, m.params, loss="mse", optimizer="sgd", lr=0.05)
+    trainer = opt.Optimizer(cpu_backend, m.x, m.logits, m.params, loss="mse", optimizer="sgd",
+                            lr=0.05)
     first = trainer.evaluate(data).loss
     for _ in range(10):
         trainer.epoch(data)
