@@ -27,7 +27,7 @@ import numpy as np
 
 from ._handle import Owned
 from ._loader import ffi, lib
-from .errors import GGMLError, InvalidArgument, require
+from .errors import GGMLError, check, require
 
 LOSSES = {"mean": lib.GGML_OPT_LOSS_TYPE_MEAN, "sum": lib.GGML_OPT_LOSS_TYPE_SUM,
           "cross_entropy": lib.GGML_OPT_LOSS_TYPE_CROSS_ENTROPY,
@@ -272,6 +272,93 @@ class Optimizer(Owned):
                 f"params={len(self.params)}>")
 
 
+# ops whose gradient ggml's backward pass computes (ggml_compute_backward, 0.25.3); any other
+# op there aborts the process
+BACKWARD_OPS = frozenset(
+    "NONE DUP ADD ADD1 SUB MUL DIV SQR SQRT LOG SIN COS SUM SUM_ROWS MEAN REPEAT RMS_NORM "
+    "MUL_MAT SCALE CPY CONT RESHAPE VIEW PERMUTE TRANSPOSE GET_ROWS SOFT_MAX "
+    "CROSS_ENTROPY_LOSS ABS SGN NEG STEP RELU SILU EXP".split())
+
+
+def gradients(loss, params, backend) -> list[np.ndarray]:
+    """d`loss`/d`param` for each of `params`, as ggml computes them: the forward graph of
+    `loss` (a scalar f32 tensor), ``ggml_build_backward_expand``, one compute on `backend`.
+    Tensors of the forward graph without memory get it for this computation only.
+
+        >>> x, W = ...; loss = gg.sum(gg.mul_mat(W, x) * gg.mul_mat(W, x))   # doctest: +SKIP
+        >>> (dW,) = opt.gradients(loss, [W], cpu_backend)    # 2 x^T x W^T, by ggml
+    """
+    from . import Backend, Tensor
+    params = list(params)
+    require(isinstance(loss, Tensor) and loss.size == 1 and loss.type.name == "f32",
+            "loss must be a scalar f32 tensor (gg.sum(...), gg.mean(...))")
+    require(isinstance(backend, Backend), "backend must be a Backend")
+    require(params and all(isinstance(p, Tensor) for p in params),
+            "params must be a non-empty list of Tensors")
+    for p in params:
+        require(p.type.name in ("f32", "f16") and p.data is not None,
+                f"parameter {p.name or '(unnamed)'} must be f32 or f16 and have memory")
+    tensors, stack, seen = [], [loss], set()
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        tensors.append(t)
+        stack.extend(t.src)
+    for t in tensors:
+        require(t.op in BACKWARD_OPS, f"ggml has no backward pass for op {t.op} "
+                                      f"(tensor {t.name or '(unnamed)'})")
+        if t.op == "MUL_MAT":
+            a, b = t.src
+            require(a.ne[2:] == b.ne[2:], "ggml's backward pass of a broadcast mul_mat is "
+                                          "not implemented")
+    require(all(p in seen for p in params), "a parameter is not part of the loss's graph")
+    n = len(tensors)
+    size = max(GRAPH_SIZE, 8 * n)
+    overhead = int(lib.ggml_tensor_overhead())
+    raw = lib.ggml_init({"mem_size": int(lib.ggml_graph_overhead_custom(size, True))
+                         + (6 * n + 16) * overhead, "mem_buffer": ffi.NULL, "no_alloc": True})
+    if raw == ffi.NULL:
+        raise GGMLError("ggml_init failed for the backward graph")
+    memory = _ComputeMemory(raw, lib.ggml_free)
+    unallocated = [t.ptr for t in tensors if t.data is None]
+    flags = [(t.ptr, int(t.ptr.flags)) for t in tensors]
+    galloc = ffi.NULL
+    try:
+        for p in params:
+            lib.ggml_set_param(p.ptr)       # before the graph is built: parameters are nodes
+        lib.ggml_set_loss(loss.ptr)
+        graph = lib.ggml_new_graph_custom(raw, size, True)
+        lib.ggml_build_forward_expand(graph, loss.ptr)
+        lib.ggml_build_backward_expand(raw, graph, ffi.NULL)
+        galloc = lib.ggml_gallocr_new(lib.ggml_backend_get_default_buffer_type(backend.ptr))
+        if galloc == ffi.NULL or not lib.ggml_gallocr_alloc_graph(galloc, graph):
+            raise GGMLError(f"allocating the backward graph on {backend.name} failed")
+        lib.ggml_graph_reset(graph)         # d loss / d loss = 1, other gradients 0
+        check(lib.ggml_backend_graph_compute(backend.ptr, graph), "backward graph compute")
+        out = []
+        for p in params:
+            g = lib.ggml_graph_get_grad(graph, p.ptr)
+            a = np.zeros(p.shape, np.float32)
+            if g != ffi.NULL:
+                lib.ggml_backend_tensor_get(g, ffi.from_buffer("void *", a, require_writable=True),
+                                            0, a.nbytes)
+            out.append(a)
+        return out
+    finally:
+        # the forward tensors go back as they were: no memory from this computation, no
+        # parameter or loss marks (a later optimizer refuses extra losses)
+        for t in unallocated:
+            t.data = ffi.NULL
+            t.buffer = ffi.NULL
+        for t, f in flags:
+            t.flags = f
+        if galloc != ffi.NULL:
+            lib.ggml_gallocr_free(galloc)
+        memory.close()
+
+
 def _result(raw) -> Result:
     ndata = ffi.new("int64_t *")
     loss, loss_unc = ffi.new("double *"), ffi.new("double *")
@@ -294,4 +381,4 @@ def _count(out) -> int:
     return len(seen)
 
 
-__all__ = ["Dataset", "Optimizer", "Result", "LOSSES", "OPTIMIZERS"]
+__all__ = ["Dataset", "Optimizer", "Result", "gradients", "LOSSES", "OPTIMIZERS", "BACKWARD_OPS"]

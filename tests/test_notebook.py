@@ -136,6 +136,8 @@ def test_05_gguf(monkeypatch):
 def test_06_training(monkeypatch):
     pytest.importorskip("matplotlib")
     nb = run("06-training.ipynb", monkeypatch)
+    assert nb.number(r"dW3 \(3, 64\): largest difference from the closed form ([\d.e+-]+)") < 1e-5
+    assert nb.number(r"db3: ([\d.e+-]+)") < 1e-5
     first = nb.number(r"first epoch loss ([\d.]+)")
     last = nb.number(r"first epoch loss [\d.]+, last ([\d.]+)")
     accuracy = nb.number(r"accuracy on all points ([\d.]+)")

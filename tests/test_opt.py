@@ -130,3 +130,39 @@ def test_lifetime(cpu_backend, rng):
     gc.collect()
     assert all(r() is None for r in refs)
     m.ctx.close()
+
+
+def test_gradients_match_numpy(cpu_backend, rng):
+    X = rng.standard_normal((5, 3)).astype(np.float32)
+    Wv = rng.standard_normal((4, 3)).astype(np.float32)
+    bv = rng.standard_normal(4).astype(np.float32)
+    with gg.Context() as ctx:
+        x, W, b = ctx.from_numpy(X, "x"), ctx.from_numpy(Wv, "W"), ctx.from_numpy(bv, "b")
+        ctx.alloc(cpu_backend)
+        x.set(X)
+        W.set(Wv)
+        b.set(bv)
+        h = gg.mul_mat(W, x) + b
+        loss = gg.sum(gg.relu(h) * gg.relu(h))
+        dW, db = opt.gradients(loss, [W, b], cpu_backend)
+        H = X @ Wv.T + bv
+        G = 2 * np.maximum(H, 0) * (H > 0)
+        np.testing.assert_allclose(dW, G.T @ X, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(db, G.sum(0), rtol=1e-5, atol=1e-5)
+        # the forward graph is left as it was: no memory, no marks; it still computes
+        assert loss.data is None and h.data is None
+        cpu_backend.compute(gg.Graph(loss))
+        assert loss.numpy()[0] == pytest.approx(float(np.sum(np.maximum(H, 0) ** 2)), rel=1e-5)
+
+
+def test_gradients_refuse_what_ggml_cannot_differentiate(cpu_backend):
+    with gg.Context() as ctx:
+        W = ctx.tensor(gg.f32, (4, 3), "W")
+        other = ctx.tensor(gg.f32, (4, 3), "other")
+        ctx.alloc(cpu_backend)
+        with pytest.raises(gg.InvalidArgument, match="no backward pass for op TANH"):
+            opt.gradients(gg.sum(gg.tanh(W)), [W], cpu_backend)
+        with pytest.raises(gg.InvalidArgument, match="scalar"):
+            opt.gradients(W * 2, [W], cpu_backend)
+        with pytest.raises(gg.InvalidArgument, match="not part of the loss"):
+            opt.gradients(gg.sum(W * W), [other], cpu_backend)
