@@ -76,8 +76,11 @@ def write_wrapper(build: Path) -> Path:
 def configure(tools, tree: Path, build: Path, out: Path, flags: dict[str, str], log_file,
               progress=None) -> None:
     wrapper = write_wrapper(build)
+    # With GGML_BACKEND_DL ggml puts the backend modules into the *runtime* output folder:
+    # beside libggml, where ggml_py loads them from (and where a wheel picks them up).
+    runtime = out if flags.get("GGML_BACKEND_DL") == "ON" else out / "bin"
     defs = dict(flags, GGML_PY_TREE=str(tree), CMAKE_LIBRARY_OUTPUT_DIRECTORY=str(out),
-                CMAKE_RUNTIME_OUTPUT_DIRECTORY=str(out / "bin"))
+                CMAKE_RUNTIME_OUTPUT_DIRECTORY=str(runtime))
     cmd = [tools["cmake"], "-G", "Ninja", "-S", str(wrapper), "-B", str(build / "cmake"),
            f"-DCMAKE_MAKE_PROGRAM={tools['ninja']}"] + [f"-D{k}={v}" for k, v in defs.items()]
     _run(cmd, log_file, "configure", env=_git_env(tree), progress=progress)
