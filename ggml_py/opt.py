@@ -29,11 +29,19 @@ from ._handle import Owned
 from ._loader import ffi, lib
 from .errors import GGMLError, check, require
 
-LOSSES = {"mean": lib.GGML_OPT_LOSS_TYPE_MEAN, "sum": lib.GGML_OPT_LOSS_TYPE_SUM,
-          "cross_entropy": lib.GGML_OPT_LOSS_TYPE_CROSS_ENTROPY,
-          "mse": lib.GGML_OPT_LOSS_TYPE_MEAN_SQUARED_ERROR}
-OPTIMIZERS = {"adamw": lib.GGML_OPT_OPTIMIZER_TYPE_ADAMW, "sgd": lib.GGML_OPT_OPTIMIZER_TYPE_SGD}
+# (releases before ggml-opt.h, or before SGD, lack some of these: what is missing is refused)
+LOSSES = {k: getattr(lib, f"GGML_OPT_LOSS_TYPE_{v}") for k, v in
+          (("mean", "MEAN"), ("sum", "SUM"), ("cross_entropy", "CROSS_ENTROPY"),
+           ("mse", "MEAN_SQUARED_ERROR")) if hasattr(lib, f"GGML_OPT_LOSS_TYPE_{v}")}
+OPTIMIZERS = {k: getattr(lib, f"GGML_OPT_OPTIMIZER_TYPE_{v}") for k, v in
+              (("adamw", "ADAMW"), ("sgd", "SGD")) if hasattr(lib, f"GGML_OPT_OPTIMIZER_TYPE_{v}")}
 GRAPH_SIZE = int(lib.GGML_DEFAULT_GRAPH_SIZE)   # ggml-opt's graphs have this many slots
+
+
+def _require_opt() -> None:
+    from .errors import UnsupportedError
+    require(hasattr(lib, "ggml_opt_init") and LOSSES,
+            "this ggml release has no ggml-opt (training needs a newer build)", UnsupportedError)
 
 
 class Result(NamedTuple):
@@ -53,6 +61,7 @@ class Dataset(Owned):
     _kind = "dataset"
 
     def __init__(self, data, labels=None, *, shard: int = 1):
+        _require_opt()
         data = _rows(data, "data")
         if labels is not None:
             labels = _rows(labels, "labels")
@@ -119,9 +128,11 @@ class Optimizer(Owned):
                  beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
                  opt_period: int = 1):
         from . import Backend, Scheduler, Tensor   # the package face (late: it imports us)
+        _require_opt()
         backends = [backends] if isinstance(backends, Backend) else list(backends)
         require(loss in LOSSES, f"loss must be one of {sorted(LOSSES)}, not {loss!r}")
-        require(optimizer in OPTIMIZERS, f"optimizer must be 'adamw' or 'sgd', not {optimizer!r}")
+        require(optimizer in OPTIMIZERS,
+                f"optimizer must be one of {sorted(OPTIMIZERS)} (this release), not {optimizer!r}")
         require(isinstance(opt_period, int) and opt_period >= 1, "opt_period must be an int >= 1")
         params = list(params)
         require(isinstance(inputs, Tensor) and isinstance(outputs, Tensor),
@@ -171,7 +182,8 @@ class Optimizer(Owned):
         opt_params.opt_period = opt_period
         opt_params.get_opt_pars = lib.ggml_opt_get_constant_optimizer_params
         opt_params.get_opt_pars_ud = self._pars
-        opt_params.optimizer = OPTIMIZERS[optimizer]
+        if hasattr(opt_params, "optimizer"):          # (releases before SGD have AdamW only)
+            opt_params.optimizer = OPTIMIZERS[optimizer]
         raw = lib.ggml_opt_init(opt_params)
         if raw == ffi.NULL:
             raise GGMLError("ggml_opt_init failed")
@@ -190,7 +202,7 @@ class Optimizer(Owned):
                             weight_decay: float | None = None) -> None:
         """Change what the next optimizer steps use (checked here: ggml asserts on them)."""
         a = self._pars.adamw
-        s = self._pars.sgd
+        s = getattr(self._pars, "sgd", a)        # (releases before SGD: AdamW's only)
         if lr is not None:
             require(isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr),
                     f"lr must be a finite number > 0, got {lr!r}")
