@@ -66,9 +66,9 @@ def test_01_quickstart(monkeypatch):
         assert nb.number(rf"{name}\s+NMSE ([\d.e+-]+)") < 5e-4
     pictures = nb.data("image/svg+xml")
     assert len(pictures) == 1 and "SOFT_MAX" in pictures[0] and "MUL_MAT" in pictures[0]
-    assert "marker" in pictures[0]                       # edges end in arrowheads
     assert "dot -Tpng" not in nb.text
     if WIRED:
+        assert "marker" in pictures[0]                   # edges end in arrowheads
         assert any("Devices" in h and "RPC0" in h for h in nb.data("text/html"))
 
 
