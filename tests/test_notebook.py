@@ -1,6 +1,7 @@
 """The notebooks run top to bottom in a real kernel, and what they print and show is checked:
 the numbers that matter (errors against numpy, split counts, accuracies), the pictures
-(SVG graphs, HTML displays, matplotlib figures)."""
+(SVG graphs, HTML displays, matplotlib figures). Each starts a kernel (and RPC servers), so
+they are marked slow: ``-m "not slow"`` leaves them out, CI runs them."""
 import os
 import re
 from pathlib import Path
@@ -59,6 +60,7 @@ def test_every_notebook_is_tested():
     assert {p.name for p in NOTEBOOKS.glob("*.ipynb")} <= tested
 
 
+@pytest.mark.slow
 def test_01_quickstart(monkeypatch):
     nb = run("01-quickstart.ipynb", monkeypatch)
     assert "bytes identical: True" in nb.text and "RPC0" in nb.text
@@ -72,6 +74,7 @@ def test_01_quickstart(monkeypatch):
         assert any("Devices" in h and "RPC0" in h for h in nb.data("text/html"))
 
 
+@pytest.mark.slow
 def test_02_devices_buffers_zero_copy(monkeypatch):
     nb = run("02-devices-buffers.ipynb", monkeypatch)
     assert "same address: True | numpy view shares memory: True" in nb.text
@@ -88,6 +91,7 @@ def test_02_devices_buffers_zero_copy(monkeypatch):
         assert "x_remote" in html and "fetched from the device" in html
 
 
+@pytest.mark.slow
 def test_03_events_and_timeline(monkeypatch):
     pytest.importorskip("matplotlib")
     nb = run("03-events-async.ipynb", monkeypatch)
@@ -100,6 +104,7 @@ def test_03_events_and_timeline(monkeypatch):
     assert len(nb.data("image/png")) == 1                             # the timeline
 
 
+@pytest.mark.slow
 def test_04_scheduler_split(monkeypatch):
     nb = run("04-scheduler.ipynb", monkeypatch)
     assert nb.number(r"splits (\d+), copies \d+, NMSE against numpy") == 3
@@ -116,6 +121,7 @@ def test_04_scheduler_split(monkeypatch):
             assert table.count("<tr>") == splits + 1                  # header + one row each
 
 
+@pytest.mark.slow
 def test_05_gguf(monkeypatch):
     pytest.importorskip("ggml_py.gguf")
     nb = run("05-gguf.ipynb", monkeypatch)
@@ -133,6 +139,7 @@ def test_05_gguf(monkeypatch):
     assert "tokenizer.ggml.tokens" in html and "token_embd.weight" in html
 
 
+@pytest.mark.slow
 def test_06_training(monkeypatch):
     pytest.importorskip("matplotlib")
     nb = run("06-training.ipynb", monkeypatch)
