@@ -44,14 +44,19 @@ def test_enumeration_and_buffer_types(accel):
 
 def test_two_backends_of_one_device_ordered_by_events(accel, rng):
     """Compute on backend 0, record; backend 1 waits and copies (the copy is queued on the
-    destination); synchronize the destination, then read."""
-    x = rng.standard_normal((256, 256)).astype(np.float32)
+    destination); synchronize the destination, then read. Backend 0's work is long enough that
+    an unordered copy would read `out` unfinished: the test fails without the record or the
+    wait (tools/gpu/mutate_events.py)."""
+    x = rng.integers(-8, 8, (256, 1024)).astype(np.float32)   # sums of these stay exact
+    n = 60
     with accel.backend() as b0, accel.backend() as b1, gg.Context() as ctx:
         a = ctx.from_numpy(x)
         dst = ctx.tensor(gg.f32, x.shape)
         ctx.alloc(b0)
         b0.set_async(a, x)
-        out = gg.relu(a) * 2.0
+        out = gg.relu(a)
+        for _ in range(n):
+            out = out + a
         b0.compute_async(gg.Graph(out))
         with accel.event() as ev:
             ev.record(b0)
@@ -59,7 +64,7 @@ def test_two_backends_of_one_device_ordered_by_events(accel, rng):
             gg.copy_async(out, dst, b0, b1)
             b1.synchronize()
         b0.synchronize()
-        assert np.array_equal(dst.numpy(), np.maximum(x, 0) * 2)
+        assert np.array_equal(dst.numpy(), np.maximum(x, 0) + n * x)
 
 
 def test_async_set_get_round_trip(accel, rng):

@@ -36,15 +36,21 @@ def test_both_enumerate_with_their_buffer_types(pair):
 
 
 def test_event_on_one_orders_a_copy_into_the_other(pair, rng):
+    """Device 0 gets a long chain of work (milliseconds, far longer than Python takes to queue
+    the copy), so a copy not ordered by the event would read `out` before it is computed: this
+    test fails when the record or the wait is removed (tools/gpu/mutate_events.py shows it)."""
     d0, d1 = pair
-    x = rng.standard_normal((1024, 1024)).astype(np.float32)
+    x = rng.integers(-8, 8, (1024, 1024)).astype(np.float32)   # sums of these stay exact
+    n = 200
     with d0.backend() as b0, d1.backend() as b1, gg.Context() as c0, gg.Context() as c1:
         a = c0.from_numpy(x)
         c0.alloc(b0)
         dst = c1.tensor(gg.f32, x.shape)
         c1.alloc(b1)
         b0.set_async(a, x)
-        out = a * 3.0                              # work on device 0 the copy must wait for
+        out = a
+        for _ in range(n):                         # work on device 0 the copy must wait for
+            out = out + a
         b0.compute_async(gg.Graph(out))
         with d0.event() as ev:
             ev.record(b0)
@@ -52,7 +58,7 @@ def test_event_on_one_orders_a_copy_into_the_other(pair, rng):
             gg.copy_async(out, dst, b0, b1)       # queued on device 1
             b1.synchronize()
         b0.synchronize()
-        assert np.array_equal(dst.numpy(), x * 3)
+        assert np.array_equal(dst.numpy(), x * (n + 1))
 
 
 def test_scheduler_splits_a_stack_over_both(pair, cpu):
