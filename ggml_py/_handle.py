@@ -3,19 +3,30 @@
 Borrowed handles (registries, devices, buffer types) belong to ggml and are plain objects.
 Owned ones derive from :class:`Owned`. A child keeps its parents alive through ordinary
 references; a parent's close() closes the children still open first.
+
+Threads: cffi releases the GIL around every C call, so two Python threads can be inside ggml
+at once. Each owned object carries a re-entrant lock (``_lock``); the calls ggml does not
+make thread-safe (building tensors in a context, computing or queueing on a backend, freeing)
+hold it, and close() takes it, so closing an object another thread is using waits for that
+use to end instead of freeing memory under it.
 """
 from __future__ import annotations
 
+import threading
 import warnings
 import weakref
+from typing import Any, Callable, Iterable, TypeVar
 
+from ._loader import ffi
 from .errors import ClosedError, GGMLWarning
 
+LIVE: "weakref.WeakSet[Owned]" = weakref.WeakSet()   # every open owned object
 
-LIVE = weakref.WeakSet()   # every open owned object, for closing what depends on a server
+_O = TypeVar("_O", bound="Owned")
 
 
-def _release(free, raw, what: str, guard=None) -> None:
+def _release(free: Callable[[Any], Any], raw: Any, what: str,
+             guard: Callable[[], bool] | None = None) -> None:
     if guard is not None and not guard():
         warnings.warn(f"not freeing {what}: its RPC server is gone", GGMLWarning, stacklevel=1)
         return
@@ -30,25 +41,26 @@ class Owned:
 
     _kind = "object"
 
-    def __init__(self, raw, free, *, parents=(), guard=None):
+    def __init__(self, raw: Any, free: Callable[[Any], Any], *, parents: Iterable[Any] = (),
+                 guard: Callable[[], bool] | None = None) -> None:
         self._raw = raw
-        self._parents = tuple(parents)          # strong: a child keeps its parents alive
-        self._children = weakref.WeakSet()
+        self._parents = tuple(p for p in parents if isinstance(p, Owned))  # strong references
+        self._children: weakref.WeakSet[Owned] = weakref.WeakSet()
+        self._lock = threading.RLock()
         # `guard` (optional) says whether freeing is still safe: ggml's RPC client aborts the
         # process when it frees remote memory of a server that has died.
         self._finalizer = weakref.finalize(self, _release, free, raw, self._kind, guard)
         LIVE.add(self)
         for p in self._parents:
-            if isinstance(p, Owned):
-                p._children.add(self)
+            p._children.add(self)
 
     @property
-    def ptr(self):
+    def ptr(self) -> Any:
         """The raw cffi handle; raises :class:`ClosedError` once closed."""
         if self._raw is None:
             raise ClosedError(f"this {self._kind} is closed")
         for p in self._parents:
-            if isinstance(p, Owned) and p._raw is None:
+            if p._raw is None:
                 raise ClosedError(f"this {self._kind}'s {p._kind} is closed")
         return self._raw
 
@@ -57,24 +69,35 @@ class Owned:
         return self._raw is None
 
     def close(self) -> None:
-        """Free the handle now. Idempotent; children still open are closed first."""
-        if self._raw is None:
-            return
-        for child in list(self._children):
-            child.close()
-        self._raw = None
-        self._finalizer()
+        """Free the handle now. Idempotent; children still open are closed first. Waits for
+        a use of the object in another thread to finish."""
+        with self._lock:
+            if self._raw is None:
+                return
+            for child in list(self._children):
+                child.close()
+            self._raw = None
+            self._finalizer()
 
-    def _devices(self) -> set:
+    def _devices(self) -> set[Any]:
         """Raw device handles this object depends on (for closing it with its RPC server)."""
         return set()
 
-    def __enter__(self):
+    def __enter__(self: _O) -> _O:
         self.ptr  # refuse to enter a closed object
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __copy__(self) -> Any:
+        raise TypeError(f"a {self._kind} owns a ggml handle and cannot be copied")
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError(f"a {self._kind} owns a ggml handle and cannot be copied")
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"a {self._kind} owns a ggml handle and cannot be pickled")
 
 
 class Borrowed:
@@ -83,12 +106,20 @@ class Borrowed:
 
     __slots__ = ("ptr",)
 
-    def __init__(self, ptr):
+    def __init__(self, ptr: Any) -> None:
         self.ptr = ptr
 
-    def __eq__(self, other):
-        return type(other) is type(self) and self.ptr == other.ptr
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and bool(self.ptr == other.ptr)  # type: ignore[attr-defined]
 
-    def __hash__(self):
-        from ._loader import ffi
+    def __hash__(self) -> int:
         return hash(int(ffi.cast("uintptr_t", self.ptr)))
+
+    def __copy__(self) -> Any:
+        return self                 # the same ggml object: nothing to copy
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"a {type(self).__name__} is a handle of this process and cannot be pickled")

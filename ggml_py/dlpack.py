@@ -22,6 +22,7 @@ import ctypes
 import cffi
 import numpy as np
 
+from ._device import device as find_device
 from ._loader import ffi, lib
 from .errors import InvalidArgument, UnsupportedError, check, require
 
@@ -93,7 +94,7 @@ def _cuda_index(t) -> int | None:
 
 def device(t) -> tuple[int, int]:
     """(DLPack device type, index) of tensor `t`'s memory."""
-    t._require_data("__dlpack_device__")
+    t.require_memory("__dlpack_device__")
     if t.is_host:
         return (KDL_CPU, 0)
     idx = _cuda_index(t)
@@ -140,7 +141,6 @@ def from_dlpack(obj, ctx, name: str | None = None):
     """A tensor of `ctx` over the memory of `obj` (any DLPack producer: numpy, torch, jax...),
     without a copy. The memory must be host memory, C-contiguous and aligned as the CPU
     device requires; `obj` is kept alive with the context."""
-    from .registry import device as find_device
     dev_type = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else KDL_CPU
     if int(dev_type) != KDL_CPU:
         raise UnsupportedError(
@@ -156,5 +156,5 @@ def from_dlpack(obj, ctx, name: str | None = None):
     t = ctx.tensor(array.dtype, array.shape, name)
     check(lib.ggml_backend_tensor_alloc(buf.ptr, t.ptr, ffi.cast("void *", buf.base)),
           "tensor alloc")
-    ctx._buffers.append(buf)
+    ctx.adopt(buf)
     return t

@@ -7,6 +7,8 @@ usual ``except ValueError`` keeps working; RPC failures derive from ``Connection
 """
 from __future__ import annotations
 
+from typing import Any
+
 
 class GGMLError(RuntimeError):
     """Base of every error ggml_py raises."""
@@ -41,6 +43,11 @@ class RPCVersionError(RPCError):
     """The server is of a ggml release whose RPC protocol this build cannot talk to."""
 
 
+class OutOfMemory(GGMLError, MemoryError):
+    """A device could not allocate, or a size exceeds what can exist (ggml would abort on its
+    failed malloc)."""
+
+
 class GGMLWarning(RuntimeWarning):
     """Problems met in finalizers, where raising is not an option."""
 
@@ -48,7 +55,7 @@ class GGMLWarning(RuntimeWarning):
 _STATUS = {-1: "allocation failed", -2: "failed", 1: "aborted"}
 
 
-def check(result, what: str, *, null=None):
+def check(result: Any, what: str, *, null: Any = None) -> Any:
     """Raise for a failed ggml call, else return `result`.
 
     `result` is either an ``enum ggml_status`` (0 is success) or a pointer, checked against

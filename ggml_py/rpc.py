@@ -21,9 +21,11 @@ import warnings
 import weakref
 from pathlib import Path
 
-from ._loader import BUILD, BUILD_DIR, LIB_ROOT, ffi, lib
+from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib
 from .errors import GGMLError, RPCError, RPCVersionError, require
-from .registry import Device, Registry, device as _lookup
+from . import _liveness
+from ._context import Context
+from ._device import Device, Registry, device as _lookup
 
 WARNING = ("ggml's RPC server has no authentication or encryption: anyone who can reach "
            "{endpoint} can use its devices. Never expose it to an untrusted network.")
@@ -161,10 +163,8 @@ def close_dependents(endpoint: str) -> None:
     """Close every open context, buffer, event and backend that uses a device of `endpoint`
     (contexts first: they own their buffers)."""
     from ._handle import LIVE
-    from .registry import rpc_endpoint
-    from .tensor import Context
     users = [o for o in list(LIVE) if not o.closed
-             and any(rpc_endpoint(d) == endpoint for d in o._devices())]
+             and any(_liveness.endpoint_of(d) == endpoint for d in o._devices())]
     for o in sorted(users, key=lambda o: not isinstance(o, Context)):
         o.close()
 
@@ -247,10 +247,14 @@ def connect(endpoint: str, timeout: float = 5.0) -> Registry:
     if endpoint in _connected:
         return _connected[endpoint]
     hello(endpoint, timeout)
-    raw = lib.ggml_backend_rpc_add_server(endpoint.encode())
+    add_server = backend_fn("ggml_backend_rpc_add_server", "ggml_backend_reg_t (*)(const char *)")
+    if add_server is None:
+        raise RPCError("this build has no RPC backend")
+    raw = add_server(endpoint.encode())
     if raw == ffi.NULL:
         raise RPCError(f"the RPC server at {endpoint} offers no devices")
     lib.ggml_backend_register(raw)
+    _liveness.remember(raw, endpoint)
     reg = _connected[endpoint] = Registry(raw)
     return reg
 

@@ -57,7 +57,7 @@ CASES = {
     "numpy of unallocated tensor": (ValueError, lambda e: e["u"].numpy()),
     "tensor of closed context": (gg.ClosedError, lambda e: e["z"].numpy()),
     "closed backend": (gg.ClosedError, lambda e: e["closed_be"].set(e["a"], e["x"])),
-    "buffer over max size": (ValueError, lambda e: e["cpu"].buffer_type.alloc(e["cpu"].buffer_type.max_size + 1)),
+    "buffer over max size": (gg.OutOfMemory, lambda e: e["cpu"].buffer_type.alloc(e["cpu"].buffer_type.max_size + 1)),
     "negative buffer size": (ValueError, lambda e: e["cpu"].buffer_type.alloc(-1)),
     "clear value": (ValueError, lambda e: e["cpu"].buffer_type.alloc(8).clear(300)),
     "unaligned host buffer": (ValueError, lambda e: e["cpu"].buffer_from_host(np.zeros(65, np.uint8)[1:])),

@@ -1,6 +1,9 @@
-"""Registries and devices: ``ggml_backend_reg_*`` and ``ggml_backend_dev_*``.
+"""Registries, devices and buffer types: ``ggml_backend_reg_*``, ``ggml_backend_dev_*``,
+``ggml_backend_buft_*``.
 
-Both belong to ggml and live as long as the process; these objects only borrow them.
+All three belong to ggml and live as long as the process; these objects only borrow them.
+They refer to each other (a device has buffer types, a buffer type has a device), so they
+share this module. What they make (buffers, backends, events) lives in the modules below.
 
     >>> import ggml_py as gg
     >>> [d.name for d in gg.devices()]            # doctest: +SKIP
@@ -10,32 +13,25 @@ Both belong to ggml and live as long as the process; these objects only borrow t
 """
 from __future__ import annotations
 
-import functools
-import os
-import sys
-from typing import NamedTuple
+import operator
+from typing import Any, NamedTuple
 
-from ._loader import BUILD, BUILD_DIR, cstr, ffi, lib
+import numpy as np
+
+from ._backend import Backend
+from ._buffer import Buffer
+from ._event import Event
 from ._handle import Borrowed
-from .errors import InvalidArgument, NotFound, UnsupportedError, require
+from ._liveness import ensure_alive
+from ._loader import cstr, ffi, lib
+from .errors import (GGMLError, InvalidArgument, InvalidType, NotFound, OutOfMemory,
+                     UnsupportedError, require)
 
 _TYPES = {}
 for _name in ("CPU", "GPU", "IGPU", "ACCEL", "META"):
     _v = getattr(lib, f"GGML_BACKEND_DEVICE_TYPE_{_name}", None)
     if _v is not None:
         _TYPES[int(_v)] = _name.lower()
-
-_loaded_dl = False
-
-
-def _ensure_loaded() -> None:
-    """Builds with GGML_BACKEND_DL keep backends in separate modules: load them from the build."""
-    global _loaded_dl
-    if not _loaded_dl:
-        _loaded_dl = True
-        if BUILD.get("inputs", {}).get("cmake", {}).get("GGML_BACKEND_DL") == "ON":
-            lib.ggml_backend_load_all_from_path(str(BUILD_DIR).encode())
-
 
 class Caps(NamedTuple):
     """What a device can do (``struct ggml_backend_dev_caps``)."""
@@ -46,6 +42,56 @@ class Caps(NamedTuple):
 
 
 _CAPS: dict[int, Caps] = {}    # device handle -> caps (devices live as long as the process)
+
+
+class BufferType(Borrowed):
+    """How and where a device allocates memory. Borrowed from ggml."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return cstr(lib.ggml_backend_buft_name(self.ptr)) or ""
+
+    @property
+    def alignment(self) -> int:
+        return int(lib.ggml_backend_buft_get_alignment(self.ptr))
+
+    @property
+    def max_size(self) -> int:
+        return int(lib.ggml_backend_buft_get_max_size(self.ptr))
+
+    @property
+    def is_host(self) -> bool:
+        """Whether its memory is plain host memory the CPU can read directly."""
+        return bool(lib.ggml_backend_buft_is_host(self.ptr))
+
+    @property
+    def device(self) -> "Device | None":
+        p = lib.ggml_backend_buft_get_device(self.ptr)
+        return None if p == ffi.NULL else Device._of(p)
+
+    def alloc_size(self, tensor: Any) -> int:
+        """Bytes a buffer of this type needs for `tensor` (padding included)."""
+        return int(lib.ggml_backend_buft_get_alloc_size(self.ptr, tensor.ptr))
+
+    def alloc(self, nbytes: int) -> Buffer:
+        """A new buffer of `nbytes` bytes (:class:`OutOfMemory` when the device refuses)."""
+        require(isinstance(nbytes, (int, np.integer)) and not isinstance(nbytes, bool),
+                f"alloc: nbytes must be an int, not {type(nbytes).__name__}", InvalidType)
+        n = operator.index(nbytes)
+        require(n >= 0, f"alloc: nbytes must be >= 0, got {n}")
+        if n > self.max_size:
+            raise OutOfMemory(f"alloc: {n} bytes exceed buffer type {self.name}'s max size "
+                              f"{self.max_size}")
+        ensure_alive(lib.ggml_backend_buft_get_device(self.ptr))
+        raw = lib.ggml_backend_buft_alloc_buffer(self.ptr, n)
+        if raw == ffi.NULL:
+            raise OutOfMemory(f"alloc: {self.name} could not allocate {n} bytes")
+        return Buffer(raw, self)
+
+    def __repr__(self) -> str:
+        return f"<BufferType {self.name} align={self.alignment} host={self.is_host}>"
 
 
 class Registry(Borrowed):
@@ -151,22 +197,19 @@ class Device(Borrowed):
         return Registry(lib.ggml_backend_dev_backend_reg(self.ptr))
 
     @property
-    def buffer_type(self):
+    def buffer_type(self) -> BufferType:
         """The device's default buffer type."""
-        from .buffer import BufferType
         return BufferType(lib.ggml_backend_dev_buffer_type(self.ptr))
 
     @property
-    def host_buffer_type(self):
+    def host_buffer_type(self) -> BufferType | None:
         """The pinned host buffer type of the device, or None when it has none."""
-        from .buffer import BufferType
         p = lib.ggml_backend_dev_host_buffer_type(self.ptr)
         return None if p == ffi.NULL else BufferType(p)
 
     @property
-    def buffer_types(self) -> list:
+    def buffer_types(self) -> list[BufferType]:
         """Default, host and extra buffer types (e.g. the CPU's repack types), without repeats."""
-        from .buffer import BufferType
         found = [self.buffer_type]
         if self.host_buffer_type is not None:
             found.append(self.host_buffer_type)
@@ -195,41 +238,79 @@ class Device(Borrowed):
     def offload_op(self, tensor) -> bool:
         return bool(lib.ggml_backend_dev_offload_op(self.ptr, tensor.ptr))
 
+    def require_events(self) -> None:
+        """UnsupportedError unless the device has events."""
+        if not self.caps.events:
+            raise UnsupportedError(f"device {self.name} has no events (its caps: {self.caps})")
+
     # -- owned things made from it ----------------------------------------------------------
-    def backend(self, n_threads: int | None = None, params: str | None = None):
+    def backend(self, n_threads: int | None = None, params: str | None = None) -> Backend:
         """A new :class:`Backend` (stream/queue) on this device.
 
         CPU-type backends use the cores this process may use unless `n_threads` says otherwise.
         """
-        from .backend import Backend
         ensure_alive(self.ptr)
         return Backend._create(self, n_threads=n_threads, params=params)
 
-    def event(self):
+    def event(self) -> Event:
         """A new :class:`Event` on this device; :class:`UnsupportedError` when it has none."""
-        from .event import Event
         ensure_alive(self.ptr)
         return Event._create(self)
 
-    def buffer_from_host(self, array):
-        """A buffer over `array`'s own memory (zero copy); keeps `array` alive."""
-        from .buffer import Buffer
-        return Buffer._from_host(self, array)
+    def buffer_from_host(self, array: np.ndarray) -> Buffer:
+        """A buffer over `array`'s own memory (zero copy); keeps `array` alive. The array must
+        be writable (ggml writes through such buffers), C-contiguous and aligned."""
+        require(self.caps.buffer_from_host_ptr,
+                f"device {self.name} cannot make buffers from host memory", UnsupportedError)
+        require(isinstance(array, np.ndarray),
+                f"buffer_from_host: expected a numpy array, not {type(array).__name__}",
+                InvalidType)
+        require(array.flags.c_contiguous, "buffer_from_host: the array must be C-contiguous")
+        require(array.flags.writeable, "buffer_from_host: the array is read-only, and ggml "
+                                       "writes through the buffer; pass a writable copy")
+        require(array.nbytes > 0, "buffer_from_host: the array is empty")
+        align = self.buffer_type.alignment
+        addr = array.ctypes.data
+        require(addr % align == 0,
+                f"buffer_from_host: the array's memory at {addr:#x} is not aligned to {align} "
+                f"bytes as {self.name} requires; allocate it with gg.aligned_empty()")
+        raw = lib.ggml_backend_dev_buffer_from_host_ptr(self.ptr, ffi.cast("void *", addr),
+                                                        array.nbytes, array.nbytes)
+        if raw == ffi.NULL:
+            raise GGMLError(f"{self.name} refused a buffer over host memory")
+        return Buffer(raw, BufferType(lib.ggml_backend_buffer_get_type(raw)), keep=array)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<Device {self.name} ({self.type}) {self.description!r}>"
+
+    def _repr_html_(self) -> str:
+        try:
+            from ._display import device_html
+        except ImportError:
+            return f"<pre>{self!r}</pre>"
+        return str(device_html(self))
+
+
+class DeviceList(list):  # type: ignore[type-arg]
+    """A list of devices that Jupyter shows as a table."""
+
+    def _repr_html_(self) -> str:
+        try:
+            from ._display import devices_html
+        except ImportError:
+            return "<pre>" + "\n".join(repr(d) for d in self) + "</pre>"
+        return str(devices_html(self))
 
 
 def registries() -> list[Registry]:
     """Every backend registry, in ggml's order."""
-    _ensure_loaded()
     return [Registry(lib.ggml_backend_reg_get(i)) for i in range(lib.ggml_backend_reg_count())]
 
 
-def devices() -> list[Device]:
+def devices() -> DeviceList:
     """Every device of every registry, in ggml's order (RPC devices once connected)."""
-    _ensure_loaded()
-    return [Device._of(lib.ggml_backend_dev_get(i)) for i in range(lib.ggml_backend_dev_count())]
+    return DeviceList(Device._of(lib.ggml_backend_dev_get(i))
+                      for i in range(lib.ggml_backend_dev_count()))
 
 
 def device(key: str | int | None = None, *, type: str | None = None) -> Device:
@@ -259,139 +340,3 @@ def device(key: str | int | None = None, *, type: str | None = None) -> Device:
     if lowered:
         return lowered[0]
     raise NotFound(f"no device named {key!r}; devices: {[d.name for d in devs]}")
-
-
-def require_events(dev: Device) -> None:
-    if not dev.caps.events:
-        raise UnsupportedError(f"device {dev.name} has no events (its caps: {dev.caps})")
-
-
-def rpc_endpoint(dev_ptr) -> str | None:
-    """The server endpoint of an RPC device ('host:port'), None for other devices."""
-    reg = cstr(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev_ptr))) or ""
-    if not reg.startswith("RPC"):
-        return None
-    desc = cstr(lib.ggml_backend_dev_description(dev_ptr)) or ""
-    host, _, port = desc.rpartition(":")
-    return desc if host and port.isdigit() else None
-
-
-_SOCKETS: dict[tuple[str, int], tuple[str, str]] = {}   # (host, port) -> (fd, "socket:[inode]")
-
-
-def _tcp_state(fd: str, addrs: set, port: int) -> int | None:
-    """TCP state of descriptor `fd` if it is a TCP connection to one of `addrs`:`port`."""
-    import socket
-    with socket.socket(fileno=os.dup(int(fd))) as s:       # a duplicate: ggml's stays open
-        if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
-            return None
-        peer = s.getpeername()
-        if peer[1] != port or (peer[0] not in addrs and peer[0].removeprefix("::ffff:") not in addrs):
-            return None
-        return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
-
-
-@functools.lru_cache(maxsize=64)
-def _addresses(host: str, port: int) -> frozenset | None:
-    """The addresses `host` resolves to (resolved once: this runs before every RPC call)."""
-    import socket
-    try:
-        return frozenset(ai[4][0] for ai in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP))
-    except OSError:
-        return None
-
-
-def _connection_states(host: str, port: int) -> set[int] | None:
-    """TCP states of this process's connections to host:port (Linux: each socket descriptor's
-    peer and ``TCP_INFO``); None where that cannot be read. 1 is ESTABLISHED; a server that
-    died leaves 8 (CLOSE_WAIT) or no connection at all. The descriptor found last time is
-    tried first (a few microseconds instead of a scan of every descriptor)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    addrs = _addresses(host, port)
-    if addrs is None:
-        return None
-    known = _SOCKETS.get((host, port))
-    if known is not None:
-        fd, link = known
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") == link:
-                state = _tcp_state(fd, addrs, port)
-                if state is not None:
-                    return {state}
-        except OSError:
-            pass
-        del _SOCKETS[(host, port)]
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return None
-    states = set()
-    for fd in fds:
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-            if not link.startswith("socket:"):
-                continue
-            state = _tcp_state(fd, addrs, port)
-        except OSError:
-            continue
-        if state is not None:
-            states.add(state)
-            if state == 1:
-                _SOCKETS[(host, port)] = (fd, link)
-    return states
-
-
-def _reachable(endpoint: str) -> bool:
-    """False only when the server at `endpoint` is known to be gone.
-
-    On Linux this reads the state of ggml's own connection to it: ESTABLISHED means alive,
-    a connection the server closed (CLOSE_WAIT) means dead. Without such a connection it
-    probes the port: refused means dead; a timeout counts as alive, since a busy server
-    (one client at a time, listen backlog of one) may leave a connection attempt waiting."""
-    import socket
-    host, _, port = endpoint.rpartition(":")
-    host = host.strip("[]")
-    states = _connection_states(host, int(port))
-    if states:
-        return 1 in states
-    try:
-        with socket.create_connection((host, int(port)), timeout=0.5):
-            return True
-    except (ConnectionRefusedError, socket.gaierror):
-        return False
-    except OSError:
-        return True
-
-
-def ensure_alive(dev_ptr) -> None:
-    """Raise RPCError when `dev_ptr` is an RPC device whose server is gone: any ggml call
-    that reaches a dead server aborts the process."""
-    if dev_ptr is None or dev_ptr == ffi.NULL:
-        return
-    endpoint = rpc_endpoint(dev_ptr)
-    if endpoint is not None and not _reachable(endpoint):
-        from .errors import RPCError
-        raise RPCError(f"the RPC server at {endpoint} is gone: objects on its devices can no "
-                       "longer be used (close them; they are dropped without freeing)")
-
-
-def buffer_device(buffer_ptr):
-    """The device of a raw buffer (None for the CPU's and other device-less buffers)."""
-    dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(buffer_ptr))
-    return None if dev == ffi.NULL else dev
-
-
-def free_guard(dev_ptr):
-    """For RPC devices: a check that the server still answers (freeing remote memory of a
-    dead server aborts the process); None for other devices."""
-    endpoint = rpc_endpoint(dev_ptr) if dev_ptr is not None and dev_ptr != ffi.NULL else None
-    return None if endpoint is None else (lambda: _reachable(endpoint))
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity), not the machine's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1

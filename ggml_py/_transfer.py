@@ -5,26 +5,44 @@ Async forms keep their host arrays and tensors alive in the backend until it syn
 """
 from __future__ import annotations
 
+import operator
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
-from . import types as T
+from . import _types as T
 from ._loader import ffi, lib
 from .errors import InvalidArgument, InvalidType, require
 
+if TYPE_CHECKING:
+    from ._backend import Backend
+    from ._tensor import Tensor
 
-def _host_array(t, array, offset: int, *, writable: bool, what: str) -> tuple[np.ndarray, int]:
+
+def _offset(offset: Any, what: str) -> int:
+    try:
+        off = operator.index(offset)
+    except TypeError:
+        raise InvalidType(f"{what}: offset must be an int, not {type(offset).__name__}") from None
+    require(off >= 0, f"{what}: offset must be >= 0, got {off}")
+    return off
+
+
+def _host_array(t: "Tensor", array: Any, offset: Any, *, writable: bool,
+                what: str) -> tuple[np.ndarray, int]:
     """Check `array` against tensor `t`; return (array, byte offset)."""
-    t._require_data(what)
+    t.require_memory(what)
     require(isinstance(array, np.ndarray), f"{what}: expected a numpy array, got {type(array).__name__}",
             InvalidType)
     require(array.flags.c_contiguous,
             f"{what}: the array is not C-contiguous; pass np.ascontiguousarray(a)")
     if writable:
         require(array.flags.writeable, f"{what}: the output array is read-only")
+    require(array.dtype.hasobject is False, f"{what}: object arrays hold no numbers", InvalidType)
     require(t.is_contiguous,
             f"{what}: tensor {t.name or '(unnamed)'} is a non-contiguous view; make a contiguous "
             "copy with gg.cont(t) in the graph")
-    require(isinstance(offset, (int, np.integer)) and offset >= 0, f"{what}: offset must be an int >= 0")
+    offset = _offset(offset, what)
     if array.dtype == np.uint8 and t.dtype != np.uint8:
         pass  # raw bytes: any type, bounds checked below
     else:
@@ -42,39 +60,46 @@ def _host_array(t, array, offset: int, *, writable: bool, what: str) -> tuple[np
     return array, int(offset)
 
 
-def blocking_set(t, array, offset: int = 0) -> None:
+def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:
     if (isinstance(array, np.ndarray) and t.dtype is None and array.dtype == np.float32
             and offset == 0 and array.size == t.size):
         array, _ = T.quantize(array.reshape(-1, t.ne[0]), t.type)  # quantize floats on the way in
     array, offset = _host_array(t, array, offset, writable=False, what="set")
     if array.nbytes:
-        lib.ggml_backend_tensor_set(t.ptr, ffi.from_buffer("void *", array), offset, array.nbytes)
+        with t.ctx._lock:
+            lib.ggml_backend_tensor_set(t.require_memory("set"), ffi.from_buffer("void *", array),
+                                        offset, array.nbytes)
 
 
-def blocking_get(t, out: np.ndarray, offset: int = 0) -> np.ndarray:
+def blocking_get(t: "Tensor", out: Any, offset: Any = 0) -> np.ndarray:
     out, offset = _host_array(t, out, offset, writable=True, what="get")
     if out.nbytes:
-        lib.ggml_backend_tensor_get(t.ptr, ffi.from_buffer("void *", out, require_writable=True),
-                                    offset, out.nbytes)
+        with t.ctx._lock:
+            lib.ggml_backend_tensor_get(t.require_memory("get"),
+                                        ffi.from_buffer("void *", out, require_writable=True),
+                                        offset, out.nbytes)
     return out
 
 
 class _HostView:
     """Exposes a host tensor's memory to numpy while keeping the tensor's context alive."""
 
-    def __init__(self, t):
+    def __init__(self, t: "Tensor", writable: bool) -> None:
         self.keep = t.ctx
         self.__array_interface__ = {
             "shape": t.shape, "typestr": t.dtype.str, "version": 3,
-            "data": (t.data, False),
+            "data": (t.data, not writable),
             "strides": tuple(reversed(t.nb[: t.ndim])),
         }
 
 
-def to_numpy(t, copy: bool | None) -> np.ndarray:
-    t._require_data("numpy()")
+def to_numpy(t: "Tensor", copy: bool | None) -> np.ndarray:
+    t.require_memory("numpy()")
     if t.dtype is not None and t.is_host and copy is not True:
-        return np.asarray(_HostView(t))
+        # a view of the buffer: it keeps the tensor's context (and so the buffer) alive; a
+        # buffer closed by hand under it marks its tensors unallocated, so copy=False is only
+        # offered where the buffer belongs to the context
+        return np.asarray(_HostView(t, writable=True))
     require(copy is not False, "numpy(copy=False): this tensor is not plain host memory; "
             "a copy is needed")
     require(t.is_contiguous, "numpy(): the tensor is a non-contiguous view; compute gg.cont(t)")
@@ -84,7 +109,7 @@ def to_numpy(t, copy: bool | None) -> np.ndarray:
     return T.from_float_bytes(t.type, raw, t.size).reshape(t.shape)
 
 
-def _same_device(t, backend, role: str, *, strict: bool = False) -> None:
+def _same_device(t: "Tensor", backend: "Backend", role: str, *, strict: bool = False) -> None:
     """Refuse a tensor whose buffer belongs to another device than `backend`'s.
 
     Host buffers pass for copies (every backend's copy path can read them); async set/get
@@ -102,28 +127,31 @@ def _same_device(t, backend, role: str, *, strict: bool = False) -> None:
                           f"backend {backend.name}")
 
 
-def set_async(backend, t, array, offset: int = 0) -> None:
+def set_async(backend: "Backend", t: "Tensor", array: Any, offset: Any = 0) -> None:
     array, offset = _host_array(t, array, offset, writable=False, what="set_async")
     _same_device(t, backend, "the", strict=True)
-    backend._alive()
-    backend._pending.append((t, array))
-    if array.nbytes:
-        lib.ggml_backend_tensor_set_async(backend.ptr, t.ptr, ffi.from_buffer("void *", array),
-                                          offset, array.nbytes)
+    with backend._lock:
+        backend.ensure_alive()
+        backend.keep_until_synchronized((t, array))
+        if array.nbytes:
+            lib.ggml_backend_tensor_set_async(backend.ptr, t.ptr, ffi.from_buffer("void *", array),
+                                              offset, array.nbytes)
 
 
-def get_async(backend, t, out, offset: int = 0) -> np.ndarray:
+def get_async(backend: "Backend", t: "Tensor", out: Any, offset: Any = 0) -> np.ndarray:
     out, offset = _host_array(t, out, offset, writable=True, what="get_async")
     _same_device(t, backend, "the", strict=True)
-    backend._pending.append((t, out))
-    if out.nbytes:
-        lib.ggml_backend_tensor_get_async(backend.ptr, t.ptr,
-                                          ffi.from_buffer("void *", out, require_writable=True),
-                                          offset, out.nbytes)
+    with backend._lock:
+        backend.ensure_alive()
+        backend.keep_until_synchronized((t, out))
+        if out.nbytes:
+            lib.ggml_backend_tensor_get_async(backend.ptr, t.ptr,
+                                              ffi.from_buffer("void *", out, require_writable=True),
+                                              offset, out.nbytes)
     return out
 
 
-def copy_async(src, dst, src_backend, dst_backend) -> None:
+def copy_async(src: "Tensor", dst: "Tensor", src_backend: "Backend", dst_backend: "Backend") -> None:
     """Copy tensor `src` (on `src_backend`'s device) into `dst` (on `dst_backend`'s device)
     with ``ggml_backend_tensor_copy_async``.
 
@@ -138,8 +166,13 @@ def copy_async(src, dst, src_backend, dst_backend) -> None:
         gg.copy_async(a, b, be0, be1)
         be1.synchronize()
     """
-    src._require_data("copy_async source")
-    dst._require_data("copy_async destination")
+    _tensor(src, "copy_async", "src")
+    _tensor(dst, "copy_async", "dst")
+    for be, role in ((src_backend, "src_backend"), (dst_backend, "dst_backend")):
+        require(hasattr(be, "keep_until_synchronized"),
+                f"copy_async: {role} must be a Backend, not {type(be).__name__}", InvalidType)
+    src.require_memory("copy_async source")
+    dst.require_memory("copy_async destination")
     require(src.type == dst.type,
             f"copy_async: types differ ({src.type.name} -> {dst.type.name})", InvalidType)
     require(src.ne == dst.ne, f"copy_async: shapes differ ({src.shape} -> {dst.shape})")
@@ -147,18 +180,27 @@ def copy_async(src, dst, src_backend, dst_backend) -> None:
     require(src._p != dst._p, "copy_async: source and destination are the same tensor")
     _same_device(src, src_backend, "the source")
     _same_device(dst, dst_backend, "the destination")
-    src_backend._alive()
-    dst_backend._alive()
-    src_backend._pending.append(src)
-    dst_backend._pending.append((src, dst))
-    lib.ggml_backend_tensor_copy_async(src_backend.ptr, dst_backend.ptr, src.ptr, dst.ptr)
+    src_backend.ensure_alive()
+    dst_backend.ensure_alive()
+    with src_backend._lock, dst_backend._lock:
+        src_backend.keep_until_synchronized(src)
+        dst_backend.keep_until_synchronized((src, dst))
+        lib.ggml_backend_tensor_copy_async(src_backend.ptr, dst_backend.ptr, src.ptr, dst.ptr)
 
 
-def copy(src, dst) -> None:
+def _tensor(t: Any, what: str, role: str) -> None:
+    require(hasattr(t, "require_memory"), f"{what}: {role} must be a Tensor, not "
+                                          f"{type(t).__name__}", InvalidType)
+
+
+def copy(src: "Tensor", dst: "Tensor") -> None:
     """Blocking copy between tensors on any devices (``ggml_backend_tensor_copy``)."""
-    src._require_data("copy source")
-    dst._require_data("copy destination")
+    _tensor(src, "copy", "src")
+    _tensor(dst, "copy", "dst")
+    src.require_memory("copy source")
+    dst.require_memory("copy destination")
     require(src.type == dst.type and src.ne == dst.ne and src.nb == dst.nb,
             f"copy: tensors differ in type or layout ({src.type.name}{src.shape} -> "
             f"{dst.type.name}{dst.shape})")
+    require(src._p != dst._p, "copy: source and destination are the same tensor")
     lib.ggml_backend_tensor_copy(src.ptr, dst.ptr)

@@ -10,11 +10,16 @@ ggml offers nothing more (no query, no timing), and neither does this class.
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING, Any
 
 from ._handle import Owned
+from ._liveness import ensure_alive, free_guard
 from ._loader import ffi, lib
-from .errors import GGMLError, require
-from .registry import Device, ensure_alive, free_guard, require_events
+from .errors import GGMLError, InvalidType, require
+
+if TYPE_CHECKING:
+    from ._backend import Backend
+    from ._device import Device
 
 
 class Event(Owned):
@@ -22,30 +27,37 @@ class Event(Owned):
 
     _kind = "event"
 
-    def __init__(self, raw, device: Device):
+    def __init__(self, raw: Any, device: "Device") -> None:
         super().__init__(raw, lib.ggml_backend_event_free, guard=free_guard(device.ptr))
         self._device = device
-        self._waiters = weakref.WeakSet()   # backends whose queues wait on this event
+        self._waiters: weakref.WeakSet[Backend] = weakref.WeakSet()  # queues that wait on it
 
     @classmethod
-    def _create(cls, device: Device) -> "Event":
-        require_events(device)
+    def _create(cls, device: "Device") -> "Event":
+        device.require_events()
         raw = lib.ggml_backend_event_new(device.ptr)
         if raw == ffi.NULL:
             raise GGMLError(f"ggml could not create an event on {device.name}")
         return cls(raw, device)
 
     @property
-    def device(self) -> Device:
+    def device(self) -> "Device":
         self.ptr
         return self._device
 
-    def record(self, backend) -> None:
+    def add_waiter(self, backend: "Backend") -> None:
+        """Note that `backend`'s queue waits on this event (close() synchronizes it first)."""
+        self._waiters.add(backend)
+
+    def record(self, backend: "Backend") -> None:
         """Record the event at the current end of `backend`'s queue (same device only)."""
+        require(hasattr(backend, "keep_until_synchronized"),
+                f"record: expected a Backend, not {type(backend).__name__}", InvalidType)
         require(backend.device == self._device,
                 f"an event of {self._device.name} cannot be recorded on {backend.device.name}")
-        backend._alive()
-        lib.ggml_backend_event_record(self.ptr, backend.ptr)
+        with backend._lock:
+            backend.ensure_alive()
+            lib.ggml_backend_event_record(self.ptr, backend.ptr)
 
     def synchronize(self) -> None:
         """Block the host until the recorded work is done."""
@@ -56,15 +68,16 @@ class Event(Owned):
     def close(self) -> None:
         """Free the event once no backend's queue still waits on it: freeing it earlier left
         the waiting queue hanging (seen on Vulkan), so those backends are synchronized first."""
-        if self._raw is not None:
-            for be in list(self._waiters):
-                if not be.closed and (be._guard is None or be._guard()):
-                    lib.ggml_backend_synchronize(be.ptr)
-            self._waiters = weakref.WeakSet()
-        super().close()
+        with self._lock:
+            if self._raw is not None:
+                for be in list(self._waiters):
+                    if not be.closed and (be._guard is None or be._guard()):
+                        lib.ggml_backend_synchronize(be.ptr)
+                self._waiters = weakref.WeakSet()
+            super().close()
 
-    def _devices(self) -> set:
+    def _devices(self) -> set[Any]:
         return {self._device.ptr}
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<Event closed>" if self.closed else f"<Event on {self._device.name}>"

@@ -1,0 +1,196 @@
+"""Backends (owned): a stream/queue on a device that computes graphs and moves data.
+
+    >>> be = gg.device("CPU").backend()          # doctest: +SKIP
+    >>> be.set_async(t, host_array)     # host_array is kept alive until be.synchronize()
+    >>> be.compute(graph); be.synchronize()
+
+A backend keeps its own books: what queued work still uses (:meth:`keep_until_synchronized`)
+and whether its RPC server is alive (:meth:`ensure_alive`). Work on one backend from several
+threads is serialized by the backend's lock; close() waits for it.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _transfer
+from ._handle import Owned
+from ._liveness import ensure_alive, free_guard
+from ._loader import cstr, ffi, lib
+from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, require
+
+if TYPE_CHECKING:
+    from ._device import BufferType, Device
+    from ._event import Event
+    from ._graph import Graph
+    from ._tensor import Tensor
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+class Backend(Owned):
+    """``ggml_backend_t``. Owned: close() or use ``with``. Keeps what async calls use alive
+    (host arrays, tensors, graphs) until :meth:`synchronize`."""
+
+    _kind = "backend"
+
+    def __init__(self, raw: Any, device: "Device") -> None:
+        self._guard = free_guard(device.ptr)
+        super().__init__(raw, lib.ggml_backend_free, guard=self._guard)
+        self._device = device
+        self._pending: list[object] = []
+        self._n_threads: int | None = None
+        self._name = cstr(lib.ggml_backend_name(raw)) or ""
+
+    @classmethod
+    def _create(cls, device: "Device", *, n_threads: int | None = None,
+                params: str | None = None) -> "Backend":
+        require(params is None or isinstance(params, str),
+                f"backend: params must be a str, not {type(params).__name__}", InvalidType)
+        if params is not None:
+            require("\0" not in params, "backend: params must not contain NUL characters")
+        raw = lib.ggml_backend_dev_init(device.ptr, params.encode() if params else ffi.NULL)
+        if raw == ffi.NULL:
+            raise GGMLError(f"could not start a backend on {device.name}")
+        be = cls(raw, device)
+        if n_threads is not None or device.type == "cpu":
+            be.n_threads = n_threads if n_threads is not None else usable_cores()
+        return be
+
+    @property
+    def name(self) -> str:
+        self.ptr
+        return self._name
+
+    @property
+    def device(self) -> "Device":
+        self.ptr
+        return self._device
+
+    @property
+    def default_buffer_type(self) -> "BufferType":
+        """The buffer type of this backend's device (ggml's default for the backend)."""
+        self.ptr
+        return self._device.buffer_type
+
+    @property
+    def n_threads(self) -> int | None:
+        """Threads of CPU-type backends (None where the backend has no such setting)."""
+        self.ptr
+        return self._n_threads
+
+    @n_threads.setter
+    def n_threads(self, n: int) -> None:
+        require(isinstance(n, (int, np.integer)) and not isinstance(n, bool)
+                and 1 <= n <= int(lib.GGML_MAX_N_THREADS),
+                f"n_threads must be an int in 1..{int(lib.GGML_MAX_N_THREADS)}, got {n!r}")
+        fn = self._device.registry.proc_address("ggml_backend_set_n_threads",
+                                                "ggml_backend_set_n_threads_t")
+        require(fn is not None, f"backend {self.name} has no thread count to set",
+                UnsupportedError)
+        with self._lock:
+            fn(self.ptr, int(n))
+        self._n_threads = int(n)
+
+    # -- books ------------------------------------------------------------------------------
+    def keep_until_synchronized(self, obj: object) -> None:
+        """Keep `obj` (a host array, a tensor, a graph, an event) alive until the next
+        :meth:`synchronize`: queued work on this backend may still use it."""
+        self._pending.append(obj)
+
+    def ensure_alive(self) -> None:
+        """ClosedError once closed; RPCError instead of ggml's abort when this backend's RPC
+        server is gone."""
+        self.ptr
+        if self._guard is not None:
+            ensure_alive(self._device.ptr)
+
+    def _alive(self) -> None:          # the older name, kept for other modules' callers
+        self.ensure_alive()
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on this backend; then releases what async calls kept."""
+        with self._lock:
+            self.ensure_alive()
+            lib.ggml_backend_synchronize(self.ptr)
+            self._pending.clear()
+
+    def supports_op(self, tensor: "Tensor") -> bool:
+        return bool(lib.ggml_backend_supports_op(self.ptr, tensor.ptr))
+
+    def supports_buffer_type(self, buft: "BufferType") -> bool:
+        return bool(lib.ggml_backend_supports_buft(self.ptr, buft.ptr))
+
+    # -- data --------------------------------------------------------------------------------
+    def set(self, tensor: "Tensor", array: Any, offset: int = 0) -> None:
+        """Blocking copy of `array` into `tensor`."""
+        self.ensure_alive()
+        _transfer.blocking_set(tensor, array, offset)
+
+    def get(self, tensor: "Tensor", out: Any = None, offset: int = 0) -> np.ndarray:
+        """Blocking copy of `tensor` into `out` (a new array when None)."""
+        self.ensure_alive()
+        if out is None:
+            return tensor.numpy(copy=True)
+        return _transfer.blocking_get(tensor, out, offset)
+
+    def set_async(self, tensor: "Tensor", array: Any, offset: int = 0) -> None:
+        """Queue a copy of `array` into `tensor`; `array` is kept alive until synchronize()."""
+        _transfer.set_async(self, tensor, array, offset)
+
+    def get_async(self, tensor: "Tensor", out: Any, offset: int = 0) -> np.ndarray:
+        """Queue a copy of `tensor` into `out`; valid after synchronize()."""
+        return _transfer.get_async(self, tensor, out, offset)
+
+    # -- events and graphs -------------------------------------------------------------------
+    def wait(self, event: "Event") -> None:
+        """Make work queued on this backend after now wait for `event`."""
+        self._device.require_events()
+        require(hasattr(event, "add_waiter"),
+                f"wait: expected an Event, not {type(event).__name__}", InvalidType)
+        require(event.device.registry == self._device.registry,
+                f"backend {self.name} cannot wait on an event of {event.device.name} "
+                "(another kind of backend)")
+        with self._lock:
+            self.ensure_alive()
+            lib.ggml_backend_event_wait(self.ptr, event.ptr)
+            event.add_waiter(self)
+            self.keep_until_synchronized(event)  # not collected while this queue may wait on it
+
+    def compute(self, graph: "Graph") -> None:
+        """Compute `graph` and wait for it."""
+        _graph_of(graph).compute_on(self, asynchronous=False)
+
+    def compute_async(self, graph: "Graph") -> None:
+        """Queue `graph`; results are valid after synchronize()."""
+        _graph_of(graph).compute_on(self, asynchronous=True)
+
+    def _devices(self) -> set[Any]:
+        return {self._device.ptr}
+
+    def close(self) -> None:
+        with self._lock:
+            if self._raw is not None and (self._guard is None or self._guard()):
+                lib.ggml_backend_synchronize(self._raw)  # nothing queued may outlive its memory
+                self._pending.clear()
+            super().close()
+
+    def __repr__(self) -> str:
+        return "<Backend closed>" if self.closed else f"<Backend {self._name} on {self._device.name}>"
+
+
+def _graph_of(graph: Any) -> "Graph":
+    if not hasattr(graph, "compute_on"):
+        raise InvalidArgument(f"compute: expected a gg.Graph, not {type(graph).__name__}")
+    return graph  # type: ignore[no-any-return]
+
+
+__all__ = ["Backend", "usable_cores"]

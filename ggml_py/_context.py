@@ -1,0 +1,289 @@
+"""Contexts (owned): ``ggml_init`` with ``no_alloc``, the metadata of tensors.
+
+A :class:`Context` holds tensor metadata only; its tensors get memory from a backend buffer
+with :meth:`Context.alloc`, or from the graph allocator when a graph is computed. It keeps its
+own books through small methods:
+
+- :meth:`build` is the one construction path of op results: room in this context, the ggml
+  builder called there, the result wrapped as a tensor of this context;
+- :meth:`uses` records the other contexts whose tensors this one's tensors read (operands
+  from another context); :meth:`contexts` is everything a graph over its tensors touches;
+- :meth:`keep` keeps graphs and schedulers that placed memory for its tensors, and hands their
+  graphs back before it closes;
+- :meth:`adopt` keeps buffers made for its tensors outside :meth:`alloc` (DLPack).
+
+Threads: building tensors in one context from several threads is serialized by its lock.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+import numpy as np
+
+from . import _types as T
+from ._backend import Backend
+from ._buffer import Buffer
+from ._device import BufferType
+from ._handle import Owned
+from ._liveness import buffer_device, ensure_alive
+from ._loader import ffi, lib
+from ._tensor import Tensor
+from ._tensor_base import MAX_NAME, TensorBase, index_of, shape_of
+from .errors import ClosedError, GGMLError, InvalidArgument, InvalidType, OutOfMemory, require
+
+if TYPE_CHECKING:
+    pass
+
+_OVERHEAD = int(lib.ggml_tensor_overhead())
+_MAX_CAPACITY = 1 << 26
+
+
+class _Chunk(Owned):
+    """One ``ggml_context`` of a Context (a new one opens when the last fills)."""
+
+    _kind = "context"
+
+
+class Context(Owned):
+    """Metadata for up to `capacity` tensors per chunk; a new chunk is opened when one fills,
+    so the capacity grows as needed."""
+
+    _kind = "context"
+
+    def __init__(self, capacity: int = 4096) -> None:
+        capacity = index_of(capacity, "Context: capacity")
+        require(0 < capacity <= _MAX_CAPACITY,
+                f"Context: capacity must be in 1..{_MAX_CAPACITY}, got {capacity}")
+        self._capacity = capacity
+        first = self._new_chunk()
+        super().__init__(first, lib.ggml_free)
+        self._chunks: list[_Chunk] = []
+        self._spans = [self._span(first)]
+        self._free = capacity              # tensors the newest chunk still has room for (+64)
+        self._keep: list[Any] = []         # graphs/allocators/schedulers that placed memory here
+        self._buffers: list[Buffer] = []   # buffers made for its tensors
+        self._uses: set[Context] = set()   # other contexts its tensors read (strong)
+        self._pending: list[tuple[Tensor, np.ndarray]] = []   # from_numpy values to set
+        self._closing = False
+
+    # -- chunks ------------------------------------------------------------------------------
+    def _new_chunk(self) -> Any:
+        params = ffi.new("struct ggml_init_params *",
+                         {"mem_size": _OVERHEAD * (self._capacity + 64), "mem_buffer": ffi.NULL,
+                          "no_alloc": True})
+        raw = lib.ggml_init(params[0])
+        if raw == ffi.NULL:
+            raise OutOfMemory(f"Context: ggml_init could not reserve room for {self._capacity} "
+                              "tensors")
+        return raw
+
+    @staticmethod
+    def _span(raw: Any) -> tuple[int, int]:
+        base = int(ffi.cast("uintptr_t", lib.ggml_get_mem_buffer(raw)))
+        return base, base + int(lib.ggml_get_mem_size(raw))
+
+    def _room(self, n: int = 8) -> Any:
+        """The raw chunk with room for `n` more tensors (opening a new chunk when needed).
+        Callers hold the lock."""
+        raw = self._chunks[-1].ptr if self._chunks else self.ptr
+        if self._free < n:
+            raw = self._new_chunk()
+            chunk = _Chunk(raw, lib.ggml_free, parents=(self,))
+            self._chunks.append(chunk)
+            self._spans.append(self._span(raw))
+            self._free = self._capacity
+        self._free -= n
+        return raw
+
+    def _raws(self) -> list[Any]:
+        return [self.ptr] + [c.ptr for c in self._chunks]
+
+    def owns(self, raw_tensor: Any) -> bool:
+        """Whether the raw tensor's metadata lives in this context's memory."""
+        a = int(ffi.cast("uintptr_t", raw_tensor))
+        return any(lo <= a < hi for lo, hi in self._spans)
+
+    # -- the one construction path -------------------------------------------------------------
+    def build(self, fn: Callable[..., Any], args: Iterable[Any], ndim: int | None,
+              uses: Iterable[TensorBase] = (), room: int = 4) -> Tensor:
+        """``fn(raw_context, *args)`` in this context, wrapped as a tensor of this context.
+        The contexts of `uses` (operands) are recorded as this context's dependencies."""
+        for u in uses:
+            if u.ctx is not self:
+                self.uses(u.ctx)
+        with self._lock:
+            p = fn(self._room(room), *args)
+        if p == ffi.NULL:
+            raise GGMLError("ggml returned no tensor")
+        src = p.view_src
+        if src != ffi.NULL and src.buffer != ffi.NULL and p.buffer == ffi.NULL:
+            ensure_alive(buffer_device(src.buffer))   # (the buffer's init_tensor may be remote)
+            lib.ggml_backend_view_init(p)   # a view of allocated memory is usable at once
+        return Tensor(p, self, ndim)
+
+    def wrap(self, p: Any, ndim: int | None = None) -> Tensor:
+        """A raw tensor of this context as a Tensor."""
+        return Tensor(p, self, ndim)
+
+    def wrap_raw(self, p: Any) -> Tensor:
+        """A raw tensor of this context or of one it uses, as a Tensor of its owner;
+        ClosedError when that owner was closed."""
+        for c in self.contexts(include_closed=True):
+            if c.owns(p):
+                if c.closed:
+                    raise ClosedError("the context holding this tensor's operand is closed")
+                return Tensor(p, c)
+        # a tensor of none of ours: a copy a scheduler made in its own context (it rewires the
+        # sources of split nodes to them until its next split)
+        return Tensor(p, self)
+
+    def uses(self, other: "Context") -> None:
+        """Record that tensors of this context read tensors of `other`."""
+        self._uses.add(other)
+
+    def contexts(self, include_closed: bool = False) -> list["Context"]:
+        """This context and every context it uses, directly or not."""
+        seen: dict[int, Context] = {id(self): self}
+        stack = [self]
+        while stack:
+            for c in stack.pop()._uses:
+                if id(c) not in seen:
+                    seen[id(c)] = c
+                    stack.append(c)
+        return [c for c in seen.values() if include_closed or not c.closed]
+
+    def keep(self, obj: Any) -> None:
+        """Keep `obj` (a graph, allocator or scheduler that placed memory for tensors here)
+        alive with this context; a scheduler's graphs are handed back before it closes."""
+        if not any(k is obj for k in self._keep):
+            self._keep.append(obj)
+
+    def adopt(self, buffer: Buffer) -> None:
+        """Keep `buffer` (memory of some of this context's tensors) until the context closes."""
+        self._buffers.append(buffer)
+        self._children.add(buffer)
+
+    # -- tensors -------------------------------------------------------------------------------
+    def tensor(self, type: Any, shape: Any, name: str | None = None) -> Tensor:
+        """A new tensor of ggml `type` (or numpy dtype) and numpy-order `shape` (1-4 axes)."""
+        t = T.of(type)
+        dims = shape_of(shape, "tensor: shape")
+        ne = list(reversed(dims))
+        require(ne[0] % t.block_size == 0,
+                f"tensor: the last axis ({ne[0]}) must be a multiple of {t.name}'s block size "
+                f"{t.block_size}")
+        if name is not None:
+            require(isinstance(name, str), f"tensor: name must be a str, not "
+                                           f"{name.__class__.__name__}", InvalidType)
+            require("\0" not in name and len(name.encode()) < MAX_NAME,
+                    f"tensor: name must be shorter than {MAX_NAME} bytes, without NUL")
+        nbytes = t.row_size(ne[0]) if t.block_size > 1 else t.type_size
+        for n in ne[1:] if t.block_size > 1 else ne:
+            nbytes *= n
+        require(nbytes < 2 ** 62, f"tensor: {dims} of {t.name} needs {nbytes} bytes, more than "
+                                  "ggml can address", OutOfMemory)
+        nes = ffi.new("int64_t[]", ne)
+        with self._lock:
+            p = lib.ggml_new_tensor(self._room(1), t, len(ne), nes)
+        tensor = Tensor(p, self, len(dims))
+        if name:
+            tensor.name = name
+        return tensor
+
+    def from_numpy(self, array: Any, name: str | None = None) -> Tensor:
+        """A new tensor shaped and typed like `array`. Its values (copied now) are set by the
+        next :meth:`alloc` of this context, which gives the tensor its memory."""
+        a = np.array(array, copy=True, order="C")
+        require(a.dtype != object, "from_numpy: object arrays hold no numbers", InvalidType)
+        t = self.tensor(T.of(a.dtype), a.shape if a.ndim else (1,), name)
+        self._pending.append((t, a.reshape(t.shape)))
+        return t
+
+    @property
+    def tensors(self) -> list[Tensor]:
+        out = []
+        for raw in self._raws():
+            p = lib.ggml_get_first_tensor(raw)
+            while p != ffi.NULL:
+                out.append(Tensor(p, self))
+                p = lib.ggml_get_next_tensor(raw, p)
+        return out
+
+    def alloc(self, backend_or_buffer_type: Backend | BufferType) -> list[Buffer]:
+        """Allocate every tensor not yet allocated in one buffer of the backend's default
+        buffer type (or of the given buffer type), then set the values given to
+        :meth:`from_numpy`. Returns the new buffers."""
+        if isinstance(backend_or_buffer_type, Backend):
+            buft = backend_or_buffer_type.default_buffer_type
+        elif isinstance(backend_or_buffer_type, BufferType):
+            buft = backend_or_buffer_type
+        else:
+            raise InvalidType("alloc: takes a Backend or a BufferType, not "
+                              f"{type(backend_or_buffer_type).__name__}")
+        ensure_alive(lib.ggml_backend_buft_get_device(buft.ptr))
+        made = []
+        with self._lock:
+            for raw in self._raws():
+                todo = [p for p in self._chunk_raw_tensors(raw)
+                        if p.data == ffi.NULL and p.view_src == ffi.NULL]
+                if not todo:
+                    continue
+                need = sum(int(lib.ggml_backend_buft_get_alloc_size(buft.ptr, p)) for p in todo)
+                b = lib.ggml_backend_alloc_ctx_tensors_from_buft(raw, buft.ptr)
+                if b == ffi.NULL:
+                    raise OutOfMemory(f"alloc: allocating the context's tensors in {buft.name} "
+                                      f"failed ({need} bytes)")
+                buf = Buffer(b, buft, parents=(self,))
+                buf.on_close(lambda b=b: self._lose(b))
+                made.append(buf)
+            self._buffers.extend(made)   # the context owns its tensors' memory
+        pending, self._pending = self._pending, []
+        for t, a in pending:
+            if t.is_allocated:
+                t.set(a)
+            else:
+                self._pending.append((t, a))
+        return made
+
+    def _chunk_raw_tensors(self, raw: Any) -> list[Any]:
+        out = []
+        p = lib.ggml_get_first_tensor(raw)
+        while p != ffi.NULL:
+            out.append(p)
+            p = lib.ggml_get_next_tensor(raw, p)
+        return out
+
+    def _lose(self, buf_raw: Any) -> None:
+        """A buffer of this context is being freed: its tensors (and views of them) read as
+        unallocated from now on, so they raise instead of touching freed memory."""
+        if self._closing or self._raw is None:
+            return
+        for raw in self._raws():
+            for p in self._chunk_raw_tensors(raw):
+                if p.buffer == buf_raw:
+                    p.data = ffi.NULL
+                    p.buffer = ffi.NULL
+
+    def _devices(self) -> set[Any]:
+        return set().union(*(b._devices() for b in self._buffers)) if self._buffers else set()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._raw is None:
+                return
+            for k in self._keep:   # schedulers give graphs with nodes here back before they go
+                forget = getattr(k, "_forget", None)
+                if forget is not None and not k.closed:
+                    forget()
+            self._keep = []
+            self._closing = True
+            super().close()        # closes the chunks and buffers (children) first
+            self._buffers = []
+            self._pending = []
+
+    def __repr__(self) -> str:
+        return "<Context closed>" if self.closed else f"<Context chunks={1 + len(self._chunks)}>"
+
+
+__all__ = ["Context"]
+_ = InvalidArgument

@@ -1,0 +1,310 @@
+"""Compute graphs: ``ggml_new_graph_custom``, ``ggml_build_forward_expand``, compute on a backend.
+
+    >>> g = gg.Graph(out)                          # doctest: +SKIP
+    >>> be.compute(g); out.numpy()
+
+Before a graph reaches ggml it is checked: every leaf must hold data, every tensor that holds
+data must sit in a buffer the backend can use, and the backend must support every op. A
+graph cannot change once built, so this runs once per backend; later computes only check
+that nothing closed and range-check index inputs. Nodes without memory are placed by ggml's
+graph allocator (``ggml_gallocr``); that memory stays valid as long as the graph's context
+lives.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import weakref
+from typing import TYPE_CHECKING, Any, Iterator
+
+import numpy as np
+
+from ._handle import Owned
+from ._liveness import free_guard
+from ._loader import cstr, ffi, lib
+from ._tensor import Tensor
+from .errors import ClosedError, GGMLError, InvalidArgument, InvalidType, UnsupportedError, check, require
+
+if TYPE_CHECKING:
+    from ._backend import Backend
+    from ._context import Context
+
+_GET_ROWS, _SET_ROWS = int(lib.GGML_OP_GET_ROWS), int(lib.GGML_OP_SET_ROWS)
+_OP_NONE = int(lib.GGML_OP_NONE)
+_MAX_NODES = 1 << 24
+
+
+class _GraphMemory(Owned):
+    _kind = "graph"
+
+
+def _addr(p: Any) -> int:
+    return int(ffi.cast("uintptr_t", p))
+
+
+def _count_nodes(outs: list[Tensor]) -> int:
+    """Tensors reachable from `outs` (an upper bound of nodes + leafs), on raw pointers."""
+    seen: set[int] = set()
+    stack = [t.ptr for t in outs]
+    null = ffi.NULL
+    while stack:
+        p = stack.pop()
+        k = _addr(p)
+        if k in seen:
+            continue
+        seen.add(k)
+        for s in p.src:
+            if s != null:
+                stack.append(s)
+    return len(seen)
+
+
+class Graph:
+    """A forward graph over `outputs` (a tensor or a list of tensors)."""
+
+    def __init__(self, outputs: Tensor | list[Tensor], *, capacity: int | None = None) -> None:
+        outs = [outputs] if isinstance(outputs, Tensor) else list(outputs) \
+            if isinstance(outputs, (list, tuple)) else None
+        require(bool(outs) and all(isinstance(t, Tensor) for t in outs or ()),
+                "Graph: needs a Tensor or a non-empty list of Tensors", InvalidType)
+        assert outs is not None
+        for t in outs:
+            t.ptr                            # ClosedError for a tensor of a closed context
+        self.outputs = outs
+        self.ctx: Context = outs[0].ctx
+        count = _count_nodes(outs)
+        if capacity is not None:
+            require(isinstance(capacity, int) and not isinstance(capacity, bool),
+                    "Graph: capacity must be an int", InvalidType)
+            require(capacity >= count, f"Graph: capacity {capacity} cannot hold this graph's "
+                                       f"{count} tensors (leave it out: the capacity follows "
+                                       "the graph)")
+            require(capacity <= _MAX_NODES, f"Graph: capacity must be at most {_MAX_NODES}")
+        n = capacity or max(int(lib.GGML_DEFAULT_GRAPH_SIZE), 2 * count + 16)
+        overhead = int(lib.ggml_graph_overhead_custom(n, False))
+        params = ffi.new("struct ggml_init_params *",
+                         {"mem_size": overhead + 1024, "mem_buffer": ffi.NULL, "no_alloc": True})
+        raw = lib.ggml_init(params[0])
+        if raw == ffi.NULL:
+            raise GGMLError("Graph: ggml_init failed for the graph")
+        # every context holding a node or leaf: a closed one would leave the graph pointing
+        # into freed memory, so computing then raises instead
+        contexts: dict[int, Context] = {}
+        for t in outs:
+            for c in t.ctx.contexts():
+                contexts[id(c)] = c
+        self._contexts = list(contexts.values())
+        self._meta = _GraphMemory(raw, lib.ggml_free, parents=tuple(self._contexts))
+        self.ptr = lib.ggml_new_graph_custom(raw, n, False)
+        for t in outs:
+            lib.ggml_set_output(t.ptr)
+            lib.ggml_build_forward_expand(self.ptr, t.ptr)
+        self._allocs: dict[int, Owned] = {}
+        self._checked: weakref.WeakSet[Backend] = weakref.WeakSet()  # validated and allocated
+        self._index_inputs: list[tuple[Any, int, str]] | None = None
+        self.scheduler: Any = None          # the scheduler that placed it last, if any
+        self.ctx.keep(self)  # node memory placed by the allocator lives with the context
+
+    # -- structure ---------------------------------------------------------------------------
+    @property
+    def n_nodes(self) -> int:
+        return int(lib.ggml_graph_n_nodes(self.ptr))
+
+    @property
+    def contexts(self) -> list["Context"]:
+        """Every context holding a tensor of this graph."""
+        return list(self._contexts)
+
+    def _wrap(self, p: Any) -> Tensor:
+        for c in self._contexts:
+            if c.owns(p):
+                return c.wrap(p)
+        return self.ctx.wrap(p)
+
+    @property
+    def nodes(self) -> list[Tensor]:
+        self.require_open()
+        return [self._wrap(lib.ggml_graph_node(self.ptr, i)) for i in range(self.n_nodes)]
+
+    @property
+    def leafs(self) -> list[Tensor]:
+        """Inputs and constants: sources of nodes that are not nodes themselves."""
+        self.require_open()
+        return [self._wrap(t) for t, is_node in self.walk() if not is_node]
+
+    def walk(self) -> Iterator[tuple[Any, bool]]:
+        """(raw tensor, is_node) for every node, then every leaf (a source that is no node).
+
+        ``struct ggml_cgraph`` is opaque in the public headers, so leafs are found through the
+        nodes' sources."""
+        nodes = [lib.ggml_graph_node(self.ptr, i) for i in range(self.n_nodes)]
+        keys = {_addr(n) for n in nodes}
+        for n in nodes:
+            yield n, True
+        seen: set[int] = set()
+        null = ffi.NULL
+        for n in nodes:
+            for s in n.src:
+                if s == null:
+                    continue
+                k = _addr(s)
+                if k not in keys and k not in seen:
+                    seen.add(k)
+                    yield s, False
+
+    def require_open(self) -> None:
+        """ClosedError when a context holding tensors of this graph was closed."""
+        for c in self._contexts:
+            if c.closed:
+                raise ClosedError("a context holding tensors of this graph was closed")
+        self._meta.ptr
+
+    def forget_allocation(self) -> None:
+        """Its nodes must be validated and placed again before the next compute (a scheduler
+        took their memory back)."""
+        self._checked = weakref.WeakSet()
+
+    # -- checks ------------------------------------------------------------------------------
+    def _init_views(self) -> None:
+        """Give views made after their source was allocated the source's buffer (ggml sets
+        their address but not their buffer; the allocator skips tensors with an address)."""
+        for t, is_node in self.walk():
+            src = t.view_src
+            if is_node and t.buffer == ffi.NULL and src != ffi.NULL and src.buffer != ffi.NULL \
+                    and src.data != ffi.NULL:
+                check(lib.ggml_backend_view_init(t), "view init")
+
+    def prepare(self, backend: "Backend") -> None:
+        """Validate for `backend` and allocate nodes that have no memory yet (once per
+        backend: later computes of the same graph cost no Python work per node)."""
+        self.require_open()
+        be = backend.ptr
+        if backend in self._checked:
+            return
+        self._init_views()
+        need_alloc = False
+        for t, is_node in self.walk():
+            if not is_node and t.data == ffi.NULL:
+                name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
+                raise InvalidArgument(f"compute: input tensor {name!r} has no memory: allocate "
+                                      "its context (ctx.alloc(backend)) and set its values first")
+            if t.buffer != ffi.NULL:
+                buft = lib.ggml_backend_buffer_get_type(t.buffer)
+                if not lib.ggml_backend_supports_buft(be, buft):
+                    name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
+                    raise InvalidArgument(
+                        f"compute: tensor {name!r} lives in a "
+                        f"{cstr(lib.ggml_backend_buft_name(buft))} buffer, which backend "
+                        f"{backend.name} cannot use; copy it to that device or use a Scheduler")
+            if is_node:
+                if t.data == ffi.NULL:        # views get their address from the allocator too
+                    need_alloc = True
+                if int(t.op) != _OP_NONE and not lib.ggml_backend_supports_op(be, t):
+                    name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
+                    raise UnsupportedError(f"compute: backend {backend.name} does not support "
+                                           f"op {cstr(lib.ggml_op_desc(t))} of node {name!r}")
+        if need_alloc:
+            buft = lib.ggml_backend_get_default_buffer_type(be)
+            key = _addr(buft)
+            alloc = self._allocs.get(key)
+            if alloc is None:
+                raw = lib.ggml_gallocr_new(buft)
+                if raw == ffi.NULL:
+                    raise GGMLError("ggml_gallocr_new failed")
+                alloc = self._allocs[key] = Owned(
+                    raw, lib.ggml_gallocr_free, parents=(self.ctx,),
+                    guard=free_guard(lib.ggml_backend_buft_get_device(buft)))
+            if not lib.ggml_gallocr_alloc_graph(alloc.ptr, self.ptr):
+                raise GGMLError(f"compute: allocating the graph's nodes on {backend.name} "
+                                "failed (out of memory?)")
+        self._checked.add(backend)
+
+    def _indices(self) -> list[tuple[Any, int, str]]:
+        """(index tensor, rows it may address, op) for every get_rows/set_rows whose indices
+        are a graph input: their values are checked at each compute (ggml asserts on a bad
+        index, and an RPC server dies of it)."""
+        if self._index_inputs is None:
+            found = []
+            nodes = {_addr(t) for t, n in self.walk() if n}
+            for t, is_node in self.walk():
+                if not is_node or int(t.op) not in (_GET_ROWS, _SET_ROWS):
+                    continue
+                # get_rows: src = (table, indices); set_rows: src = (rows, indices, destination)
+                idx = t.src[1]
+                table = t.src[0] if int(t.op) == _GET_ROWS else t.src[2]
+                if _addr(idx) not in nodes:
+                    found.append((idx, int(table.ne[1]),
+                                  "get_rows" if int(t.op) == _GET_ROWS else "set_rows"))
+            self._index_inputs = found
+        return self._index_inputs
+
+    def check_indices(self) -> None:
+        """InvalidArgument when an index input holds a row number out of range."""
+        for idx, rows, op in self._indices():
+            if idx.data == ffi.NULL or idx.buffer == ffi.NULL:
+                continue                  # reported as an unallocated input by prepare()
+            dtype = np.int64 if int(idx.type) == int(lib.GGML_TYPE_I64) else np.int32
+            values = np.empty(int(lib.ggml_nelements(idx)), dtype)
+            lib.ggml_backend_tensor_get(idx, ffi.from_buffer("void *", values, require_writable=True),
+                                        0, values.nbytes)
+            if values.size and (values.min() < 0 or values.max() >= rows):
+                bad = values[(values < 0) | (values >= rows)][0]
+                raise InvalidArgument(f"{op}: index {bad} is out of range for {rows} rows "
+                                      f"(indices {cstr(idx.name) or ''})")
+
+    def compute_on(self, backend: "Backend", *, asynchronous: bool) -> None:
+        """What ``backend.compute(graph)`` runs: checks, allocation, then ggml's compute."""
+        with backend._lock:
+            backend.ensure_alive()
+            self.prepare(backend)
+            self.check_indices()
+            if asynchronous:
+                backend.keep_until_synchronized(self)
+                check(lib.ggml_backend_graph_compute_async(backend.ptr, self.ptr), "graph compute")
+            else:
+                check(lib.ggml_backend_graph_compute(backend.ptr, self.ptr), "graph compute")
+
+    # -- pictures ----------------------------------------------------------------------------
+    def to_dot(self, path: str | None = None) -> str:
+        """Graphviz text of the graph (ggml_graph_dump_dot); written to `path` when given."""
+        self.require_open()
+        fd, tmp = tempfile.mkstemp(suffix=".dot")
+        os.close(fd)
+        try:
+            lib.ggml_graph_dump_dot(self.ptr, ffi.NULL, tmp.encode())
+            with open(tmp) as f:
+                text = f.read()
+        finally:
+            os.unlink(tmp)
+        if path:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    def to_svg(self) -> str:
+        """The graph as an SVG picture, drawn without Graphviz (Jupyter shows a Graph so)."""
+        self.require_open()
+        from ._display import graph_svg
+        return str(graph_svg(self))
+
+    def _repr_svg_(self) -> str:
+        return self.to_svg()
+
+    def __repr__(self) -> str:
+        try:
+            self.require_open()
+        except ClosedError:
+            return "<Graph (a context closed)>"
+        return f"<Graph nodes={self.n_nodes} outputs={len(self.outputs)}>"
+
+    def __copy__(self) -> Any:
+        raise TypeError("a Graph cannot be copied; build another from its outputs")
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError("a Graph cannot be copied; build another from its outputs")
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Graph cannot be pickled")
+
+
+__all__ = ["Graph"]

@@ -1,0 +1,157 @@
+"""Is an RPC server still there? Asked before every ggml call that would reach it.
+
+ggml's RPC client aborts the process when a call reaches a server that has died, so objects
+on RPC devices ask here first. The state is kept per **endpoint** ("host:port"): ``rpc.connect``
+records the endpoint of each device it registers (:func:`remember`); devices registered some
+other way are mapped once from their description. Nothing here knows about devices as
+objects: it works on raw device handles and endpoints.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import sys
+from typing import Any, Callable
+
+from ._loader import cstr, ffi, lib
+from .errors import RPCError
+
+_ENDPOINT: dict[int, str | None] = {}   # device handle -> endpoint (None: not an RPC device)
+_SOCKETS: dict[tuple[str, int], tuple[str, str]] = {}   # (host, port) -> (fd, "socket:[inode]")
+
+
+def _key(dev_ptr: Any) -> int:
+    return int(ffi.cast("uintptr_t", dev_ptr))
+
+
+def remember(reg_ptr: Any, endpoint: str) -> None:
+    """Record that every device of the registry `reg_ptr` is served from `endpoint`."""
+    for i in range(int(lib.ggml_backend_reg_dev_count(reg_ptr))):
+        _ENDPOINT[_key(lib.ggml_backend_reg_dev_get(reg_ptr, i))] = endpoint
+
+
+def endpoint_of(dev_ptr: Any) -> str | None:
+    """The server endpoint ('host:port') of an RPC device, None for other devices (or None)."""
+    if dev_ptr is None or dev_ptr == ffi.NULL:
+        return None
+    k = _key(dev_ptr)
+    try:
+        return _ENDPOINT[k]
+    except KeyError:
+        pass
+    reg = cstr(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev_ptr))) or ""
+    found = None
+    if reg.startswith("RPC"):
+        desc = cstr(lib.ggml_backend_dev_description(dev_ptr)) or ""
+        host, _, port = desc.rpartition(":")
+        found = desc if host and port.isdigit() else None
+    _ENDPOINT[k] = found
+    return found
+
+
+def _tcp_state(fd: str, addrs: frozenset[str], port: int) -> int | None:
+    """TCP state of descriptor `fd` if it is a TCP connection to one of `addrs`:`port`."""
+    with socket.socket(fileno=os.dup(int(fd))) as s:       # a duplicate: ggml's stays open
+        if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        peer = s.getpeername()
+        if peer[1] != port or (peer[0] not in addrs and peer[0].removeprefix("::ffff:") not in addrs):
+            return None
+        return int(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0])
+
+
+@functools.lru_cache(maxsize=64)
+def _addresses(host: str, port: int) -> frozenset[str] | None:
+    """The addresses `host` resolves to (resolved once: this runs before every RPC call)."""
+    try:
+        return frozenset(str(ai[4][0]) for ai in
+                         socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP))
+    except OSError:
+        return None
+
+
+def _connection_states(host: str, port: int) -> set[int] | None:
+    """TCP states of this process's connections to host:port (Linux: each socket descriptor's
+    peer and ``TCP_INFO``); None where that cannot be read. 1 is ESTABLISHED; a server that
+    died leaves 8 (CLOSE_WAIT) or no connection at all. The descriptor found last time is
+    tried first (a few microseconds instead of a scan of every descriptor)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    addrs = _addresses(host, port)
+    if addrs is None:
+        return None
+    known = _SOCKETS.get((host, port))
+    if known is not None:
+        fd, link = known
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == link:
+                state = _tcp_state(fd, addrs, port)
+                if state is not None:
+                    return {state}
+        except OSError:
+            pass
+        _SOCKETS.pop((host, port), None)
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    states = set()
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if not link.startswith("socket:"):
+                continue
+            state = _tcp_state(fd, addrs, port)
+        except OSError:
+            continue
+        if state is not None:
+            states.add(state)
+            if state == 1:
+                _SOCKETS[(host, port)] = (fd, link)
+    return states
+
+
+def reachable(endpoint: str) -> bool:
+    """False only when the server at `endpoint` is known to be gone.
+
+    On Linux this reads the state of ggml's own connection to it: ESTABLISHED means alive,
+    a connection the server closed (CLOSE_WAIT) means dead. Without such a connection it
+    probes the port: refused means dead; a timeout counts as alive, since a busy server
+    (one client at a time, listen backlog of one) may leave a connection attempt waiting."""
+    host, _, port_s = endpoint.rpartition(":")
+    host = host.strip("[]")
+    port = int(port_s)
+    states = _connection_states(host, port)
+    if states:
+        return 1 in states
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except (ConnectionRefusedError, socket.gaierror):
+        return False
+    except OSError:
+        return True
+
+
+def ensure_alive(dev_ptr: Any) -> None:
+    """Raise RPCError when `dev_ptr` is an RPC device whose server is gone: any ggml call
+    that reaches a dead server aborts the process."""
+    endpoint = endpoint_of(dev_ptr)
+    if endpoint is not None and not reachable(endpoint):
+        raise RPCError(f"the RPC server at {endpoint} is gone: objects on its devices can no "
+                       "longer be used (close them; they are dropped without freeing)")
+
+
+def free_guard(dev_ptr: Any) -> Callable[[], bool] | None:
+    """For RPC devices: a check that the server still answers (freeing remote memory of a
+    dead server aborts the process); None for other devices."""
+    endpoint = endpoint_of(dev_ptr)
+    return None if endpoint is None else functools.partial(reachable, endpoint)
+
+
+def buffer_device(buffer_ptr: Any) -> Any:
+    """The device of a raw buffer (None for the CPU's and other device-less buffers)."""
+    dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(buffer_ptr))
+    return None if dev == ffi.NULL else dev
+

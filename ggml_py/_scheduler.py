@@ -1,0 +1,231 @@
+"""The multi-device scheduler (owned): ``ggml_backend_sched``, one graph split across backends.
+
+    >>> sched = gg.Scheduler([rpc_backend, cpu_backend])   # doctest: +SKIP
+    >>> sched.compute(gg.Graph(out)); sched.n_splits, sched.n_copies
+
+ggml's rules, checked here first: at most GGML_SCHED_MAX_BACKENDS backends, the last one on a
+CPU device, every backend distinct, every op supported by some backend. Node memory placed by
+the scheduler is valid until the scheduler computes another graph or closes; after close()
+those tensors report no memory instead of pointing at freed buffers.
+
+Inputs without memory, marked with ``t.set_input()``, are placed by the scheduler the way
+llama.cpp feeds its inputs: ``sched.alloc(graph)``, then ``x.set(values)``, then
+``sched.compute(graph)``.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+from ._backend import Backend
+from ._graph import Graph
+from ._handle import Owned
+from ._loader import ffi, lib
+from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, check, require
+
+MAX_BACKENDS = 16  # GGML_SCHED_MAX_BACKENDS (a private define of ggml-backend.cpp)
+MAX_SRC = int(lib.GGML_MAX_SRC)
+_INPUT = int(lib.GGML_TENSOR_FLAG_INPUT)
+_OP_NONE = int(lib.GGML_OP_NONE)
+
+
+class Scheduler(Owned):
+    """Schedules graphs over `backends` (highest priority first; the last must be a CPU)."""
+
+    _kind = "scheduler"
+
+    def __init__(self, backends: list[Backend], *, graph_size: int = 4096, parallel: bool = False,
+                 op_offload: bool = True) -> None:
+        require(isinstance(backends, (list, tuple)), "Scheduler: needs a list of Backend objects",
+                InvalidType)
+        backends = list(backends)
+        require(bool(backends) and all(isinstance(b, Backend) for b in backends),
+                "Scheduler: needs a list of Backend objects", InvalidType)
+        require(isinstance(graph_size, int) and not isinstance(graph_size, bool)
+                and 1 <= graph_size <= (1 << 24),
+                f"Scheduler: graph_size must be an int in 1..{1 << 24}, got {graph_size!r}")
+        for b in backends:
+            b.ensure_alive()
+        require(len(backends) <= MAX_BACKENDS, f"at most {MAX_BACKENDS} backends")
+        require(len({id(b) for b in backends}) == len(backends), "a backend is listed twice")
+        require(backends[-1].device.type == "cpu",
+                f"the last backend must be on a CPU device (ggml's rule), not {backends[-1].name}")
+        arr = ffi.new("ggml_backend_t[]", [b.ptr for b in backends])
+        raw = lib.ggml_backend_sched_new(arr, ffi.NULL, len(backends), int(graph_size),
+                                         bool(parallel), bool(op_offload))
+        if raw == ffi.NULL:
+            raise GGMLError("ggml_backend_sched_new failed")
+        guards = [b._guard for b in backends if b._guard is not None]
+        self._guard = (lambda: all(g() for g in guards)) if guards else None
+        super().__init__(raw, lib.ggml_backend_sched_free, parents=backends, guard=self._guard)
+        self.backends = backends
+        self._graph_size = int(graph_size)
+        # (graph, raw tensors whose memory the scheduler placed, every node's own sources)
+        self._placed: list[tuple[Graph, list[Any], list[tuple[Any, list[Any]]]]] = []
+        self._pins: list[tuple[Any, Backend]] = []   # from set_backend, applied at each alloc
+
+    @property
+    def graph(self) -> Graph | None:
+        """The graph placed last (None before the first)."""
+        return self._placed[-1][0] if self._placed else None
+
+    def _check(self, graph: Graph, *, inputs_set: bool) -> None:
+        require(isinstance(graph, Graph), f"expected a gg.Graph, not {type(graph).__name__}",
+                InvalidType)
+        graph.require_open()
+        self._alive()
+        require(graph.n_nodes <= self._graph_size,
+                f"the graph has {graph.n_nodes} nodes; this scheduler was made for "
+                f"{self._graph_size} (Scheduler(graph_size=...))")
+        for t, is_node in graph.walk():
+            if not is_node and t.data == ffi.NULL:
+                name = ffi.string(t.name).decode(errors="replace") or "(unnamed)"
+                if not int(t.flags) & _INPUT:
+                    raise InvalidArgument(
+                        f"scheduler: graph input {name!r} has no memory: allocate and set it, or "
+                        "mark it t.set_input() so the scheduler places it (then sched.alloc(graph), "
+                        "set it, sched.compute(graph))")
+                if inputs_set:
+                    raise InvalidArgument(
+                        f"scheduler: input {name!r} has no memory yet: call sched.alloc(graph) "
+                        "first, then set it, then compute")
+            if is_node and int(t.op) != _OP_NONE and not any(
+                    lib.ggml_backend_supports_op(b.ptr, t) for b in self.backends):
+                raise UnsupportedError(
+                    f"scheduler: no backend of {[b.name for b in self.backends]} supports op "
+                    f"{ffi.string(lib.ggml_op_desc(t)).decode()}")
+
+    def reserve(self, graph: Graph) -> None:
+        """Size the compute buffers for graphs like `graph` (optional; compute does it)."""
+        self._check(graph, inputs_set=False)
+        if not lib.ggml_backend_sched_reserve(self.ptr, graph.ptr):
+            raise GGMLError("ggml_backend_sched_reserve failed (out of memory?)")
+
+    def set_backend(self, tensor: Any, backend: Backend) -> None:
+        """Pin the node `tensor` to `backend` (one of the scheduler's) for the graphs computed
+        from now on, until :meth:`reset` (ggml forgets pins at each of its resets; they are
+        applied again before every allocation)."""
+        require(any(b is backend for b in self.backends), "backend is not one of the scheduler's")
+        lib.ggml_backend_sched_set_tensor_backend(self.ptr, tensor.ptr, backend.ptr)
+        self._pins.append((tensor, backend))
+        self._forget()                 # the next compute splits the graph again
+
+    def backend_of(self, tensor: Any) -> Backend | None:
+        p = lib.ggml_backend_sched_get_tensor_backend(self.ptr, tensor.ptr)
+        return next((b for b in self.backends if b.ptr == p), None)
+
+    def alloc(self, graph: Graph) -> None:
+        """Split `graph` and allocate its nodes (and its unallocated inputs marked with
+        ``t.set_input()``) across the backends."""
+        with self._locked():
+            self._alloc(graph, inputs_set=False)
+
+    def _alloc(self, graph: Graph, *, inputs_set: bool) -> None:
+        self._check(graph, inputs_set=inputs_set)
+        self._forget()
+        lib.ggml_backend_sched_reset(self.ptr)
+        for t, b in self._pins:
+            lib.ggml_backend_sched_set_tensor_backend(self.ptr, t.ptr, b.ptr)
+        entries = list(graph.walk())
+        nodes = [t for t, is_node in entries if is_node]
+        placed = [t for t, _ in entries if t.data == ffi.NULL]
+        # ggml's scheduler points the sources of split nodes at copies in its own context,
+        # which it frees at the next split: keep the real sources to put back (_forget)
+        sources = [(t, [t.src[j] for j in range(MAX_SRC)]) for t in nodes]
+        self._placed.append((graph, placed, sources))
+        graph.scheduler = self
+        for c in graph.contexts:       # a context closing first hands its graphs back (_forget)
+            c.keep(self)
+        if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
+            self._forget()
+            raise GGMLError("the scheduler could not allocate the graph (out of memory?)")
+
+    def compute(self, graph: Graph) -> None:
+        """Split, place and compute `graph`, and wait for it."""
+        self._compute(graph, lib.ggml_backend_sched_graph_compute)
+
+    def compute_async(self, graph: Graph) -> None:
+        """Queue the graph; call synchronize() before reading results."""
+        self._compute(graph, lib.ggml_backend_sched_graph_compute_async)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Any:
+        """The scheduler's lock and its backends' (other threads may drive them too)."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self._lock)
+            for b in self.backends:
+                stack.enter_context(b._lock)
+            yield
+
+    def _compute(self, graph: Graph, fn: Callable[..., Any]) -> None:
+        require(isinstance(graph, Graph), f"expected a gg.Graph, not {type(graph).__name__}",
+                InvalidType)
+        with self._locked():
+            self._alive()
+            graph.require_open()           # before reading its index inputs
+            if not any(entry[0] is graph for entry in self._placed):
+                self._alloc(graph, inputs_set=True)
+            graph.check_indices()
+            check(fn(self.ptr, graph.ptr), "scheduled graph compute")
+
+    def synchronize(self) -> None:
+        with self._locked():
+            self._alive()
+            lib.ggml_backend_sched_synchronize(self.ptr)
+
+    def _alive(self) -> None:
+        self.ptr
+        for b in self.backends:
+            b.ensure_alive()
+
+    def reset(self) -> None:
+        """Drop the current allocation (the tensors it placed lose their memory) and the
+        pins made with :meth:`set_backend`."""
+        lib.ggml_backend_sched_reset(self.ptr)
+        self._forget()
+        self._pins.clear()
+
+    @property
+    def n_splits(self) -> int:
+        return int(lib.ggml_backend_sched_get_n_splits(self.ptr))
+
+    @property
+    def n_copies(self) -> int:
+        return int(lib.ggml_backend_sched_get_n_copies(self.ptr))
+
+    def buffer_size(self, backend: Backend) -> int:
+        return int(lib.ggml_backend_sched_get_buffer_size(self.ptr, backend.ptr))
+
+    def _forget(self) -> None:
+        """Give graphs back as they were: their own sources again (not the scheduler's copies),
+        and the nodes it placed read as unallocated."""
+        for graph, nodes, sources in self._placed:
+            graph.forget_allocation()        # its nodes must be placed again before a compute
+            if any(c.closed for c in graph.contexts):
+                continue                     # (its tensors' memory is gone)
+            for t, srcs in sources:
+                for j, s in enumerate(srcs):
+                    t.src[j] = s
+            for t in nodes:
+                t.data = ffi.NULL
+                t.buffer = ffi.NULL
+        self._placed = []
+
+    def close(self) -> None:
+        with self._lock:
+            if self._raw is not None:
+                if self._guard is None or self._guard():   # a dead RPC server would abort
+                    lib.ggml_backend_sched_synchronize(self._raw)
+                self._forget()
+            super().close()
+
+    def _repr_html_(self) -> str:
+        try:
+            from ._display import scheduler_html
+        except ImportError:
+            return f"<pre>{self!r}</pre>"
+        return str(scheduler_html(self))
+
+    def __repr__(self) -> str:
+        return "<Scheduler closed>" if self.closed else \
+            f"<Scheduler {[b.name for b in self.backends]}>"

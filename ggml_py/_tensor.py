@@ -1,0 +1,237 @@
+"""Tensors: ggml tensors with numpy semantics for Python's operators.
+
+``shape`` is numpy order (slowest axis first); ``ne``/``nb`` are ggml's order. Operators follow
+numpy: broadcasting, Python scalars on either side, ``@`` is numpy's matmul, any layout (a
+strided view is copied where a kernel needs packed rows). ggml's own ops, with ggml's
+semantics, are the functions of :mod:`ggml_py.ops` (``gg.add``, ``gg.mul_mat``...).
+
+    >>> ctx = gg.Context()                         # doctest: +SKIP
+    >>> a = ctx.tensor(gg.f32, (2, 3)); ctx.alloc(gg.device("CPU").backend())
+    >>> a.set(np.ones((2, 3), np.float32)); a.numpy()
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from . import _transfer
+from . import ops
+from ._loader import ffi, lib
+from ._tensor_base import MAX_DIMS, TensorBase
+from .ops._common import can_repeat
+from .errors import ClosedError, InvalidArgument, InvalidType, require
+
+Scalar = int | float | np.integer | np.floating
+
+
+def _is_scalar(x: object) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _packed(t: "Tensor") -> "Tensor":
+    """`t`, or a contiguous copy when its rows are strided (numpy semantics take any layout)."""
+    tt = t.type
+    return t if tt.block_size > 1 or t.nb[0] == tt.type_size else ops.cont(t)
+
+
+def _broadcast(a: "Tensor", b: "Tensor", name: str) -> tuple["Tensor", "Tensor"]:
+    """(a', b') with numpy broadcasting made explicit where ggml's repeat rule needs it."""
+    a = _packed(a)
+    if a.ne == b.ne and a.ndim == b.ndim:
+        return a, b
+    try:
+        shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+    except ValueError:
+        raise InvalidArgument(f"{name}: shapes {a.shape} and {b.shape} do not broadcast") from None
+    require(len(shape) <= MAX_DIMS, f"{name}: the result would have {len(shape)} axes")
+    if a.shape != shape:
+        a = ops.repeat(a, shape)
+    if b.shape != shape and not can_repeat(b, a):
+        b = ops.repeat(_packed(b), shape)
+    return a, b
+
+
+class Tensor(TensorBase):
+    """A ggml tensor. Keeps the context that owns it (and so its memory) alive.
+
+    ``shape`` is numpy order; ``ne``/``nb`` are ggml's order (fastest axis first).
+    Arithmetic operators follow numpy's semantics (broadcasting, ``@`` is numpy's matmul);
+    ggml's own ops are functions of the ``ggml_py`` module (``gg.mul_mat``...).
+    """
+
+    __slots__ = ()
+    __array_priority__ = 1000  # numpy defers to our operators
+
+    # -- graph structure ---------------------------------------------------------------------
+    @property
+    def src(self) -> list["Tensor"]:
+        """The operands of this tensor's op, each kept by the context that owns it."""
+        out = []
+        for s in self.ptr.src:
+            if s != ffi.NULL:
+                out.append(self.ctx.wrap_raw(s))
+        return out
+
+    def set_input(self) -> None:
+        """Mark the tensor as a graph input (``ggml_set_input``): a scheduler then allocates
+        it when it has no memory, the way llama.cpp feeds its inputs."""
+        lib.ggml_set_input(self.ptr)
+
+    # -- data in and out --------------------------------------------------------------------
+    def set(self, array: Any, offset: int = 0) -> None:
+        """Copy `array` into the tensor (blocking). The array must match the tensor's dtype and
+        element count (or byte count for raw uint8 data at an offset)."""
+        _transfer.blocking_set(self, array, offset)
+
+    def numpy(self, *, copy: bool | None = None) -> np.ndarray:
+        """The tensor's values as a numpy array.
+
+        Host tensors of plain types are returned as a zero-copy view that keeps the tensor's
+        context alive (pass ``copy=True`` for a copy); others are copied from the device,
+        quantized types dequantized to float32."""
+        require(copy is None or isinstance(copy, bool), "numpy: copy must be None or a bool",
+                InvalidType)
+        return _transfer.to_numpy(self, copy)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        a = self.numpy(copy=True)
+        return a if dtype is None else a.astype(dtype)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: bool | None = None) -> Any:
+        """DLPack export without a copy: host memory as CPU, CUDA buffers as CUDA memory
+        (see :mod:`ggml_py.dlpack`)."""
+        from . import dlpack
+        if copy:
+            raise BufferError("ggml tensors are exported without a copy; use t.numpy() to copy")
+        if dl_device is not None and tuple(dl_device) != dlpack.device(self):
+            raise BufferError(f"the tensor lives on DLPack device {dlpack.device(self)}, "
+                              f"not {tuple(dl_device)}")
+        return dlpack.capsule(self, max_version)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from . import dlpack
+        return dlpack.device(self)
+
+    # -- numpy-like views -------------------------------------------------------------------
+    def reshape(self, *shape: Any) -> "Tensor":
+        """numpy's ``a.reshape(shape)`` as a view (a strided tensor is copied first)."""
+        dims = shape[0] if len(shape) == 1 and not _is_scalar(shape[0]) else shape
+        return ops.reshape(self if self.is_contiguous else ops.cont(self), dims)
+
+    def permute(self, axes: Any) -> "Tensor":
+        """numpy's ``np.transpose(a, axes)`` as a view."""
+        return ops.permute(self, axes)
+
+    @property
+    def T(self) -> "Tensor":
+        """The axes reversed (numpy's ``a.T``), a view."""
+        return ops.permute(self, tuple(reversed(range(self.ndim))))
+
+    def view(self, shape: Any, offset: int = 0, strides: Any = None) -> "Tensor":
+        """A view of this tensor's memory (see :func:`ggml_py.view`)."""
+        return ops.view(self, shape, offset, strides)
+
+    # -- numpy-semantics operators -------------------------------------------------------------
+    def _binary(self, other: Any, name: str, fn: Callable[["Tensor", "Tensor"], "Tensor"],
+                swap: bool = False) -> "Tensor":
+        a, b = (other, self) if swap else (self, other)
+        a, b = _broadcast(a, b, name)
+        return fn(a, b)
+
+    def __add__(self, other: "Tensor | Scalar") -> "Tensor":
+        if _is_scalar(other):
+            return ops.scale_bias(_packed(self), 1.0, float(other))  # type: ignore[arg-type]
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        return self._binary(other, "add", ops.add)
+
+    def __radd__(self, other: "Scalar") -> "Tensor":
+        if _is_scalar(other):
+            return ops.scale_bias(_packed(self), 1.0, float(other))
+        return NotImplemented
+
+    def __sub__(self, other: "Tensor | Scalar") -> "Tensor":
+        if _is_scalar(other):
+            return ops.scale_bias(_packed(self), 1.0, -float(other))  # type: ignore[arg-type]
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        return self._binary(other, "sub", ops.sub)
+
+    def __rsub__(self, other: "Scalar") -> "Tensor":
+        if _is_scalar(other):
+            return ops.scale_bias(_packed(self), -1.0, float(other))
+        return NotImplemented
+
+    def __mul__(self, other: "Tensor | Scalar") -> "Tensor":
+        if _is_scalar(other):
+            return ops.scale(_packed(self), float(other))  # type: ignore[arg-type]
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        return self._binary(other, "mul", ops.mul)
+
+    def __rmul__(self, other: "Scalar") -> "Tensor":
+        if _is_scalar(other):
+            return ops.scale(_packed(self), float(other))
+        return NotImplemented
+
+    def __truediv__(self, other: "Tensor | Scalar") -> "Tensor":
+        if _is_scalar(other):
+            c = float(other)  # type: ignore[arg-type]
+            return ops.scale(_packed(self), 1.0 / c if c else math.copysign(math.inf, c))
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        return self._binary(other, "div", ops.div)
+
+    def __rtruediv__(self, other: "Scalar") -> "Tensor":
+        if _is_scalar(other):
+            a = _packed(self)
+            return ops.div(ops.fill(a, float(other)), a)
+        return NotImplemented
+
+    def __matmul__(self, other: "Tensor") -> "Tensor":
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        return ops.matmul(self, other)
+
+    def __rmatmul__(self, other: "Tensor") -> "Tensor":
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        return ops.matmul(other, self)
+
+    def __neg__(self) -> "Tensor":
+        return ops.neg(_packed(self))
+
+    def __pos__(self) -> "Tensor":
+        return self
+
+    def __abs__(self) -> "Tensor":
+        return ops.abs(_packed(self))
+
+    # -- identity and display -----------------------------------------------------------------
+    def __repr__(self) -> str:
+        try:
+            return f"<Tensor {self.name or ''} {self.type.name}{list(self.shape)} op={self.op}>"
+        except ClosedError:
+            return "<Tensor (context closed)>"
+
+    def _repr_html_(self) -> str:
+        try:
+            from ._display import tensor_html
+        except ImportError:
+            return f"<pre>{self!r}</pre>"
+        return str(tensor_html(self))
+
+    def __eq__(self, other: object) -> bool:  # identity of the underlying ggml tensor
+        return isinstance(other, Tensor) and bool(self._p == other._p)
+
+    def __hash__(self) -> int:
+        return hash(int(ffi.cast("uintptr_t", self._p)))
+
+    def __bool__(self) -> bool:
+        return True
+
+
+__all__ = ["Tensor"]

@@ -1,0 +1,206 @@
+"""What every tensor knows about itself: the facts ops validate against, read from ggml once.
+
+:class:`TensorBase` is the part of :class:`~ggml_py.Tensor` the op builders (``ggml_py.ops``)
+need: shape, type, strides, contiguity, memory. The ops package sits between this module and
+``_tensor.py``, where :class:`~ggml_py.Tensor` adds numpy semantics and operators built from
+the ops. A tensor's facts are fixed once ggml made it (shape, type, strides), so each is read
+from C on first use and cached.
+"""
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _types as T
+from ._buffer import Buffer
+from ._device import BufferType
+from ._liveness import buffer_device, ensure_alive
+from ._loader import cstr, ffi, lib
+from .errors import ClosedError, InvalidArgument, InvalidType, OutOfMemory, require
+
+if TYPE_CHECKING:
+    from ._context import Context
+
+MAX_DIMS = int(lib.GGML_MAX_DIMS)
+MAX_NAME = int(lib.GGML_MAX_NAME)
+_INT64_MAX = 2 ** 63 - 1
+
+
+def shape_of(shape: Any, what: str = "shape") -> tuple[int, ...]:
+    """A numpy-order shape of 1..4 positive ints (``operator.index``: no floats, no strings)."""
+    if isinstance(shape, (str, bytes)):
+        raise InvalidType(f"{what} must be an int or a sequence of ints, not {shape!r}")
+    try:
+        dims = (operator.index(shape),)
+    except TypeError:
+        try:
+            dims = tuple(operator.index(s) for s in shape)
+        except TypeError:
+            raise InvalidType(f"{what} must be an int or a sequence of ints, not {shape!r}") from None
+    require(1 <= len(dims) <= MAX_DIMS, f"{what}: tensors have 1 to {MAX_DIMS} axes, got {len(dims)}")
+    require(all(s > 0 for s in dims), f"{what}: every axis must be >= 1, got {dims}")
+    n = 1
+    for s in dims:
+        n *= s
+    require(n <= _INT64_MAX // 8, f"{what}: {dims} has more elements than ggml can address",
+            OutOfMemory)
+    return dims
+
+
+def index_of(value: Any, what: str) -> int:
+    """An integer argument (``operator.index``): floats and strings are refused."""
+    if isinstance(value, bool):
+        raise InvalidType(f"{what} must be an int, not a bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidType(f"{what} must be an int, not {type(value).__name__}") from None
+
+
+def float_of(value: Any, what: str) -> float:
+    """A finite-or-not float argument (Python or numpy scalar, not a string or a tensor)."""
+    if isinstance(value, (bool, str, bytes)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidType(f"{what} must be a number, not {type(value).__name__}")
+    return float(value)
+
+
+class TensorBase:
+    """A ggml tensor's facts; keeps the context that owns the tensor (and so its memory)
+    alive."""
+
+    __slots__ = ("_p", "ctx", "_ndim", "_ne", "_nb", "_type", "__weakref__")
+
+    def __init__(self, p: Any, ctx: "Context", ndim: int | None = None) -> None:
+        self._p = p
+        self.ctx = ctx
+        self._ndim = ndim
+        self._ne: tuple[int, ...] | None = None
+        self._nb: tuple[int, ...] | None = None
+        self._type: T.GGMLType | None = None
+
+    @property
+    def ptr(self) -> Any:
+        """The raw ``struct ggml_tensor *``; ClosedError once its context is closed."""
+        if self.ctx._raw is None:
+            raise ClosedError("this tensor's context is closed")
+        return self._p
+
+    # -- facts ------------------------------------------------------------------------------
+    @property
+    def type(self) -> T.GGMLType:
+        if self._type is None:
+            self._type = T.of(int(self.ptr.type))
+        return self._type
+
+    @property
+    def dtype(self) -> np.dtype | None:  # type: ignore[type-arg]
+        return self.type.numpy_dtype
+
+    @property
+    def ne(self) -> tuple[int, ...]:
+        """ggml's shape: elements per dimension, fastest first (always 4 entries)."""
+        if self._ne is None:
+            self._ne = tuple(int(x) for x in self.ptr.ne)
+        return self._ne
+
+    @property
+    def nb(self) -> tuple[int, ...]:
+        """ggml's strides in bytes, fastest dimension first."""
+        if self._nb is None:
+            self._nb = tuple(int(x) for x in self.ptr.nb)
+        return self._nb
+
+    @property
+    def ndim(self) -> int:
+        if not self._ndim:
+            self._ndim = int(lib.ggml_n_dims(self.ptr))
+        return self._ndim
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(reversed(self.ne[: self.ndim]))
+
+    @property
+    def size(self) -> int:
+        ne = self.ne
+        return ne[0] * ne[1] * ne[2] * ne[3]
+
+    @property
+    def nbytes(self) -> int:
+        return int(lib.ggml_nbytes(self.ptr))
+
+    @property
+    def name(self) -> str:
+        return cstr(lib.ggml_get_name(self.ptr)) or ""
+
+    @name.setter
+    def name(self, value: str) -> None:
+        require(isinstance(value, str), f"name must be a str, not {type(value).__name__}",
+                InvalidType)
+        raw = value.encode()
+        require(b"\0" not in raw, "name must not contain NUL characters")
+        require(len(raw) < MAX_NAME, f"name: names are shorter than {MAX_NAME} bytes, "
+                                     f"{value!r} has {len(raw)}")
+        lib.ggml_set_name(self.ptr, raw)
+
+    @property
+    def op(self) -> str:
+        return cstr(lib.ggml_op_desc(self.ptr)) or ""
+
+    @property
+    def is_contiguous(self) -> bool:
+        return bool(lib.ggml_is_contiguous(self.ptr))
+
+    @property
+    def is_transposed(self) -> bool:
+        return bool(lib.ggml_is_transposed(self.ptr))
+
+    @property
+    def data(self) -> int | None:
+        """Address of the tensor's memory, None while unallocated."""
+        d = self.ptr.data
+        return None if d == ffi.NULL else int(ffi.cast("uintptr_t", d))
+
+    @property
+    def buffer(self) -> Buffer | None:
+        """A borrowed view of the buffer holding the tensor (None while unallocated)."""
+        b = self.ptr.buffer
+        if b == ffi.NULL:
+            return None
+        return Buffer(b, BufferType(lib.ggml_backend_buffer_get_type(b)), owned=False)
+
+    @property
+    def is_host(self) -> bool:
+        b = self.ptr.buffer
+        return b != ffi.NULL and bool(lib.ggml_backend_buffer_is_host(b))
+
+    @property
+    def is_allocated(self) -> bool:
+        p = self.ptr
+        return p.buffer != ffi.NULL and p.data != ffi.NULL
+
+    def require_memory(self, what: str) -> Any:
+        """The raw tensor, once it is sure to have live memory: InvalidArgument while
+        unallocated, ClosedError once its context closed, RPCError once its server died."""
+        p = self.ptr
+        if p.buffer == ffi.NULL or p.data == ffi.NULL:
+            raise InvalidArgument(f"{what}: tensor {self.name or '(unnamed)'} has no memory; "
+                                  "allocate it first (ctx.alloc(backend)) or compute its graph")
+        ensure_alive(buffer_device(p.buffer))
+        return p
+
+    def _require_data(self, what: str) -> None:     # older name
+        self.require_memory(what)
+
+    def __copy__(self) -> Any:
+        raise TypeError("a Tensor is a handle into its context and cannot be copied; "
+                        "use gg.cont(t) for a copy in the graph, or t.numpy()")
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError("a Tensor is a handle into its context and cannot be copied; "
+                        "use t.numpy() for the values")
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Tensor cannot be pickled; pickle t.numpy() instead")

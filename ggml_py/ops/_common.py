@@ -1,0 +1,102 @@
+"""What every op builder shares: operand checks, the backends' type rules, and the one path
+that builds a result.
+
+The one construction path: :func:`build` asks the context of the operand that owns the result
+(the first, unless the op says otherwise) for room, calls the ggml builder there, and wraps the
+result in **that** context (``Context.build``). The Python tensor therefore keeps alive the very
+context whose memory holds it; operands from other contexts are recorded as that context's
+dependencies (for graphs and ``Tensor.src``).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from .._tensor_base import MAX_DIMS, TensorBase, float_of, index_of
+from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
+
+if TYPE_CHECKING:
+    from .._tensor import Tensor
+
+FLOAT = ("f32", "f16", "bf16")
+
+# Types the backends' kernels compute, per op, where they are fewer than the op's own rules
+# allow: ggml's CPU and CUDA backends report these ops as supported for any type and then abort
+# in the kernel (0.25.3: ggml-cpu/ops.cpp, ggml-cuda/sum.cu and cpy.cu; found by
+# tests/test_op_types.py). The CPU is every scheduler's fallback, so these are the rule.
+CPU_TYPES = {
+    "sum": {"f32"}, "scale": {"f32", "bf16"}, "sum_rows": {"f32"}, "mean": {"f32"}, "soft_max": {"f32"},
+    "strided copy": {"f32", "f16", "bf16", "i32", "i16"},
+    "norm": {"f32"}, "rms_norm": {"f32"}, "group_norm": {"f32"}, "rope_ext": {"f32", "f16"},
+    "repeat": {"f32", "f16", "bf16", "i16", "i32", "i64"}, "im2col data": {"f32"},
+    "conv kernel": {"f32", "f16"},
+}
+
+
+def tensor(x: Any, op: str, what: str = "a") -> "Tensor":
+    """`x` as an open Tensor operand of `op`, else InvalidType/ClosedError."""
+    if not isinstance(x, TensorBase):
+        raise InvalidType(f"{op}: {what} must be a Tensor, not {type(x).__name__}")
+    x.ptr  # closed context -> ClosedError
+    return x  # type: ignore[return-value]
+
+
+def floats(op: str, *ts: TensorBase) -> None:
+    for t in ts:
+        if t.type.name not in FLOAT:
+            raise InvalidType(f"{op}: needs float tensors (f32/f16/bf16), got {t.type.name}")
+
+
+def cpu_type(t: TensorBase, op: str, rule: str | None = None) -> None:
+    allowed = CPU_TYPES[rule or op]
+    if t.type.name not in allowed:
+        raise InvalidType(f"{op}: ggml's kernels compute {'/'.join(sorted(allowed))}, "
+                          f"not {t.type.name}; convert with gg.cpy(t, ctx.tensor(gg.f32, t.shape))")
+
+
+def rows(op: str, *named: tuple[str, TensorBase]) -> None:
+    """The layout rule of almost every kernel: each row is packed (``nb[0]`` equals the
+    element size). Transposed or permuted views break it; ggml's kernels then assert or read
+    the wrong elements. (Quantized tensors cannot be transposed here at all.)"""
+    for what, t in named:
+        tt = t.type
+        if tt.block_size == 1 and t.nb[0] != tt.type_size:
+            raise InvalidArgument(f"{op}: the rows of {what} {t.shape} are strided (a transposed "
+                                  f"or permuted view); make them contiguous with gg.cont({what})")
+
+
+def contiguous(op: str, *named: tuple[str, TensorBase]) -> None:
+    for what, t in named:
+        if not t.is_contiguous:
+            raise InvalidArgument(f"{op}: {what} {t.shape} must be contiguous (it is a view); "
+                                  f"use gg.cont({what})")
+
+
+def can_repeat(small: TensorBase, big: TensorBase) -> bool:
+    s, b = small.ne, big.ne
+    return b[0] % s[0] == 0 and b[1] % s[1] == 0 and b[2] % s[2] == 0 and b[3] % s[3] == 0
+
+
+def prod(s: Iterable[int]) -> int:
+    r = 1
+    for x in s:
+        r *= x
+    return r
+
+
+def need(fn_name: str, op: str) -> Callable[..., Any]:
+    """A ggml function that only some releases have, or UnsupportedError."""
+    from .._loader import lib
+    fn = getattr(lib, fn_name, None)
+    require(fn is not None, f"{op} is not in this ggml release", UnsupportedError)
+    return fn  # type: ignore[no-any-return]
+
+
+def build(owner: TensorBase, fn: Callable[..., Any], *args: Any, ndim: int | None = None,
+          uses: Iterable[TensorBase] = (), room: int = 4) -> "Tensor":
+    """The result of ``fn(ctx_raw, *args)`` built in `owner`'s context and kept by it."""
+    ctx = owner.ctx
+    return ctx.build(fn, args, owner.ndim if ndim is None else ndim, uses, room)  # type: ignore[no-any-return]
+
+
+__all__ = ["FLOAT", "CPU_TYPES", "MAX_DIMS", "tensor", "floats", "cpu_type", "rows", "contiguous",
+           "can_repeat", "prod", "need", "build", "float_of", "index_of"]

@@ -1,0 +1,101 @@
+"""The scheduler: splitting a graph over CPU and two RPC devices, reserve, pins, async and
+parallel computes, contexts closed under it, and inputs it allocates the llama.cpp way."""
+import numpy as np
+import pytest
+
+import ggml_py as gg
+from conftest import LayerStack, nmse
+
+T_MATMUL = 5e-4
+
+
+def test_scheduler_splits_across_cpu_and_two_rpc_devices(cpu, rpc_devs, rng):
+    bes = [rpc_devs[0].backend(), rpc_devs[1].backend(), cpu.backend()]
+    stack = LayerStack(bes, bes[2], rng)          # layer i's weights on backend i
+    with gg.Scheduler(bes) as sched:
+        sched.compute(gg.Graph(stack.out))
+        assert sched.n_splits >= 2
+        assert nmse(stack.out.numpy(copy=True), stack.ref) < T_MATMUL
+    with pytest.raises(gg.InvalidArgument, match="no memory"):
+        stack.out.numpy()  # its memory went with the scheduler: it says so, no dangling read
+    stack.close()
+    for b in bes:
+        b.close()
+
+
+def test_scheduler_result_equals_cpu_alone(cpu, rpc_devs, rng):
+    x = rng.standard_normal((16, 16)).astype(np.float32)
+    results = []
+    for devs in ([cpu], [rpc_devs[0], rpc_devs[1], cpu]):
+        bes = [d.backend() for d in devs]
+        with gg.Context() as ctx, gg.Scheduler(bes) as sched:
+            a = ctx.from_numpy(x)
+            ctx.alloc(bes[-1])
+            a.set(x)
+            out = gg.soft_max(a @ a) + a
+            sched.compute(gg.Graph(out))
+            results.append(out.numpy(copy=True))
+        for b in bes:
+            b.close()
+    assert nmse(results[1], results[0]) < 1e-10
+
+
+
+def test_scheduler_reserve_pin_async_and_parallel(cpu, rpc_devs, rng):
+    x = rng.standard_normal((16, 16)).astype(np.float32)
+    rb, cb = rpc_devs[0].backend(), cpu.backend()
+    with gg.Context() as ctx:
+        a = ctx.from_numpy(x)
+        ctx.alloc(cb)
+        a.set(x)
+        mid = gg.relu(a @ a)
+        out = gg.soft_max(mid) + a
+        g = gg.Graph(out)
+        with gg.Scheduler([rb, cb]) as sched:
+            sched.reserve(g)
+            assert sched.buffer_size(cb) > 0
+            sched.compute(g)
+            assert sched.n_splits == 1 and sched.backend_of(mid) is cb   # all on the CPU
+            first = out.numpy(copy=True)
+            sched.set_backend(mid, rb)                 # pin one node to the RPC device
+            sched.compute_async(g)
+            sched.synchronize()
+            assert sched.backend_of(mid) is rb             # (ggml may move its neighbours too)
+            assert nmse(out.numpy(copy=True), first) < 1e-10
+            sched.reset()                              # drops the pin (and the placement)
+            sched.set_backend(mid, cb)
+            sched.compute(g)
+            assert sched.backend_of(mid) is cb
+            assert nmse(out.numpy(copy=True), first) < 1e-10
+        with gg.Scheduler([rb, cb], parallel=True) as par:
+            par.compute(g)
+            assert par.n_copies > 1                    # pipeline-parallel copies of the inputs
+            assert nmse(out.numpy(copy=True), first) < 1e-10
+        # ggml's scheduler rewires split nodes to copies it frees later; the graph comes back
+        # whole, so a plain backend can compute it after the schedulers are gone
+        cb.compute(g)
+        assert nmse(out.numpy(copy=True), first) < 1e-10
+        with pytest.raises(gg.InvalidArgument, match="not one of"):
+            gg.Scheduler([cb]).set_backend(mid, rb)
+    rb.close()
+    cb.close()
+
+
+def test_closing_a_context_before_the_scheduler_is_safe(cpu, rpc_devs, rng):
+    """Nodes of one graph live in several contexts (a result goes to its first operand's);
+    closing one of them while a scheduler holds the graph must not leave ggml writing or
+    reading freed memory."""
+    bes = [rpc_devs[0].backend(), cpu.backend()]
+    stack = LayerStack(bes, bes[1], rng)
+    sched = gg.Scheduler(bes)
+    g = gg.Graph(stack.out)
+    sched.compute(g)
+    stack.ctxs[0].close()                # the RPC weights' context, with nodes of the graph
+    with pytest.raises(gg.ClosedError, match="context"):
+        sched.compute(g)
+    with pytest.raises(gg.ClosedError):
+        bes[1].compute(g)
+    sched.close()
+    stack.close()
+    for b in bes:
+        b.close()
