@@ -12,6 +12,7 @@ import pytest
 
 import ggml_py as gg
 from ggml_py import _display as D
+from ggml_py import _display_graph as DG
 
 from conftest import ROOT, LayerStack
 
@@ -182,7 +183,7 @@ def test_graph_svg_boxes_arrows_and_routing():
 
 def test_graph_svg_too_large_is_described(monkeypatch):
     ctx, g = _model()
-    monkeypatch.setattr(D, "DRAW_LIMIT", 3)
+    monkeypatch.setattr(DG, "DRAW_LIMIT", 3)
     assert "too large to draw" in D.graph_svg(g)
     ctx.close()
 
@@ -207,7 +208,7 @@ def test_scheduler_colours_splits_and_copies(rpc_devs, rng):
     root, boxes, rects, edges = _parse(svg)
     _assert_edges_avoid_boxes(rects, edges)
     fills = {r.get("fill") for r in boxes}
-    assert {D.FILLS[0], D.FILLS[1]} <= fills                  # RPC0 and RPC1 boxes
+    assert {DG.FILLS[0], DG.FILLS[1]} <= fills                  # RPC0 and RPC1 boxes
     for name in ("RPC0", "RPC1", "CPU"):                      # legend by device name
         assert f">{name}<" in svg
     if sched.n_copies:
