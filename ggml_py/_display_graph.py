@@ -340,7 +340,7 @@ def splits(sched, graph) -> list[dict]:
     ``nodes``, ``ops`` and ``inputs`` (names of the tensors copied in)."""
     labels = _backend_labels(sched)
     nodes = graph.nodes
-    node_names = {n.name for n in nodes}
+    node_ops = {n.name: n.op for n in nodes}
     by_addr = {_addr(t.ptr): t for t in nodes + graph.leafs}
     out, current = [], None
     for n in nodes:
@@ -353,8 +353,11 @@ def splits(sched, graph) -> list[dict]:
         ins = []
         for s in _sources(n, by_addr):
             copy = _copy_of(s, labels)
-            if copy is not None:
-                ins.append((copy[1], copy[1] not in node_names))   # (name, a copied leaf)
+            if copy is not None:     # (name, whether a leaf: a weight or an input)
+                name = copy[1]
+                if name.startswith("node_") and name in node_ops:   # ggml's automatic name
+                    name = f"{name} ({node_ops[name]})"
+                ins.append((name, copy[1] not in node_ops))
             else:
                 sb = _safe(lambda: sched.backend_of(s))
                 if sb is not None and labels.get(sb.name, sb.name) != label:
