@@ -99,3 +99,32 @@ def test_closing_a_context_before_the_scheduler_is_safe(cpu, rpc_devs, rng):
     stack.close()
     for b in bes:
         b.close()
+
+
+def test_scheduler_allocates_inputs_the_llama_cpp_way(cpu, rpc_devs, rng):
+    """Inputs created without memory and marked as inputs are placed by the scheduler:
+    alloc(graph), set them, compute(graph). Unmarked ones, or computing before they were
+    set, raise instead of computing on garbage."""
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    rb, cb = rpc_devs[0].backend(), cpu.backend()
+    wctx, ictx = gg.Context(), gg.Context()
+    wt = wctx.from_numpy(w)
+    wctx.alloc(rb)                                   # weights live on the RPC device
+    inp = ictx.tensor(gg.f32, x.shape, "inp")        # no memory of its own
+    out = gg.tanh(inp @ wt)
+    g = gg.Graph(out)
+    with gg.Scheduler([rb, cb]) as sched:
+        with pytest.raises(gg.InvalidArgument, match="mark it t.set_input"):
+            sched.alloc(g)
+        inp.set_input()
+        with pytest.raises(gg.InvalidArgument, match="call sched.alloc"):
+            sched.compute(g)
+        sched.alloc(g)
+        inp.set(x)
+        sched.compute(g)
+        assert nmse(out.numpy(copy=True), np.tanh(x @ w)) < T_MATMUL
+    with pytest.raises(gg.InvalidArgument, match="no memory"):
+        inp.numpy()                                  # its memory went with the scheduler
+    wctx.close(); ictx.close(); rb.close(); cb.close()
+

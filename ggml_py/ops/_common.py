@@ -32,7 +32,7 @@ CPU_TYPES = {
 }
 
 
-def tensor(x: Any, op: str, what: str = "a") -> "Tensor":
+def tensor(x: Any, op: str, what: str = "a") -> Tensor:
     """`x` as an open Tensor operand of `op`, else InvalidType/ClosedError."""
     if not isinstance(x, TensorBase):
         raise InvalidType(f"{op}: {what} must be a Tensor, not {type(x).__name__}")
@@ -92,7 +92,7 @@ def need(fn_name: str, op: str) -> Callable[..., Any]:
 
 
 def build(owner: TensorBase, fn: Callable[..., Any], *args: Any, ndim: int | None = None,
-          uses: Iterable[TensorBase] = (), room: int = 4) -> "Tensor":
+          uses: Iterable[TensorBase] = (), room: int = 4) -> Tensor:
     """The result of ``fn(ctx_raw, *args)`` built in `owner`'s context and kept by it."""
     ctx = owner.ctx
     return ctx.build(fn, args, owner.ndim if ndim is None else ndim, uses, room)  # type: ignore[no-any-return]

@@ -31,7 +31,7 @@ def _pair(x: Any, what: str) -> tuple[int, int]:
     return index_of(xs[0], what), index_of(xs[1], what)
 
 
-def _im2col_args(a: "Tensor", b: "Tensor", stride: Any, padding: Any, dilation: Any,
+def _im2col_args(a: Tensor, b: Tensor, stride: Any, padding: Any, dilation: Any,
                  is_2d: bool) -> tuple[int, int, int, int, int, int]:
     """Validated (s0, s1, p0, p1, d0, d1) in ggml's order, by ggml_im2col's rules."""
     cpu_type(b, "im2col", "im2col data")
@@ -53,8 +53,8 @@ def _im2col_args(a: "Tensor", b: "Tensor", stride: Any, padding: Any, dilation: 
     return s0, s1, p0, p1, d0, d1
 
 
-def im2col(kernel: "Tensor", data: "Tensor", stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-           is_2d: bool = True, dtype: Any = "f32") -> "Tensor":
+def im2col(kernel: Tensor, data: Tensor, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+           is_2d: bool = True, dtype: Any = "f32") -> Tensor:
     """ggml_im2col: unfold `data` into the columns a convolution with `kernel` multiplies.
     2-D: kernel (OC, IC, KH, KW), data (N, IC, H, W). 1-D: kernel (OC, IC, K), data (N, IC, L).
     stride/padding/dilation are (height, width) pairs or ints; the 1-D form uses width."""
@@ -66,8 +66,8 @@ def im2col(kernel: "Tensor", data: "Tensor", stride: Any = 1, padding: Any = 0, 
                  ndim=4 if is_2d else 3, uses=(a,))
 
 
-def conv_1d(kernel: "Tensor", data: "Tensor", stride: int = 1, padding: int = 0,
-            dilation: int = 1) -> "Tensor":
+def conv_1d(kernel: Tensor, data: Tensor, stride: int = 1, padding: int = 0,
+            dilation: int = 1) -> Tensor:
     """1-D convolution (cross-correlation, like torch): kernel (OC, IC, K), data (N, IC, L)
     -> (N, OC, L')."""
     a, b = tensor(kernel, "conv_1d", "kernel"), tensor(data, "conv_1d", "data")
@@ -88,8 +88,8 @@ def conv_1d(kernel: "Tensor", data: "Tensor", stride: int = 1, padding: int = 0,
     return build(b, make, a.ptr, b.ptr, ndim=3, uses=(a,), room=12)
 
 
-def conv_2d(kernel: "Tensor", data: "Tensor", stride: Any = 1, padding: Any = 0,
-            dilation: Any = 1) -> "Tensor":
+def conv_2d(kernel: Tensor, data: Tensor, stride: Any = 1, padding: Any = 0,
+            dilation: Any = 1) -> Tensor:
     """2-D convolution (cross-correlation, like torch's NCHW): kernel (OC, IC, KH, KW),
     data (N, IC, H, W) -> (N, OC, H', W'). stride/padding/dilation: int or (h, w)."""
     a, b = tensor(kernel, "conv_2d", "kernel"), tensor(data, "conv_2d", "data")
@@ -100,8 +100,8 @@ def conv_2d(kernel: "Tensor", data: "Tensor", stride: Any = 1, padding: Any = 0,
     return build(b, lib.ggml_conv_2d, a.ptr, b.ptr, *args, ndim=4, uses=(a,), room=12)
 
 
-def pool_2d(a: "Tensor", kernel: Any, stride: Any = None, padding: Any = 0,
-            op: str = "max") -> "Tensor":
+def pool_2d(a: Tensor, kernel: Any, stride: Any = None, padding: Any = 0,
+            op: str = "max") -> Tensor:
     """2-D max or average pooling over the last two numpy axes of f32 `a` (N, C, H, W).
     kernel/stride/padding: int or (h, w); stride defaults to the kernel."""
     a = tensor(a, "pool_2d")

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .._tensor import Tensor
 
 
-def _binary(fn: Callable[..., Any], a: Any, b: Any, name: str) -> "Tensor":
+def _binary(fn: Callable[..., Any], a: Any, b: Any, name: str) -> Tensor:
     a, b = tensor(a, name, "a"), tensor(b, name, "b")
     floats(name, a, b)
     # (plain ifs: these checks run per op while graphs are built, messages only on failure)
@@ -30,27 +30,27 @@ def _binary(fn: Callable[..., Any], a: Any, b: Any, name: str) -> "Tensor":
     return build(a, fn, a.ptr, b.ptr, ndim=max(a.ndim, b.ndim), uses=(b,))
 
 
-def add(a: "Tensor", b: "Tensor") -> "Tensor":
+def add(a: Tensor, b: Tensor) -> Tensor:
     """ggml_add: a + b, with b repeated (tiled) into a's shape."""
     return _binary(lib.ggml_add, a, b, "add")
 
 
-def sub(a: "Tensor", b: "Tensor") -> "Tensor":
+def sub(a: Tensor, b: Tensor) -> Tensor:
     """ggml_sub: a - b, with b repeated into a's shape."""
     return _binary(lib.ggml_sub, a, b, "sub")
 
 
-def mul(a: "Tensor", b: "Tensor") -> "Tensor":
+def mul(a: Tensor, b: Tensor) -> Tensor:
     """ggml_mul: a * b elementwise, with b repeated into a's shape."""
     return _binary(lib.ggml_mul, a, b, "mul")
 
 
-def div(a: "Tensor", b: "Tensor") -> "Tensor":
+def div(a: Tensor, b: Tensor) -> Tensor:
     """ggml_div: a / b elementwise, with b repeated into a's shape."""
     return _binary(lib.ggml_div, a, b, "div")
 
 
-def scale(a: "Tensor", s: float) -> "Tensor":
+def scale(a: Tensor, s: float) -> Tensor:
     """ggml_scale: a * s for a Python number s."""
     a = tensor(a, "scale")
     s = float_of(s, "scale: s")
@@ -59,7 +59,7 @@ def scale(a: "Tensor", s: float) -> "Tensor":
     return build(a, lib.ggml_scale, a.ptr, s)
 
 
-def scale_bias(a: "Tensor", s: float, b: float) -> "Tensor":
+def scale_bias(a: Tensor, s: float, b: float) -> Tensor:
     """ggml_scale_bias: a * s + b for Python numbers s and b."""
     a = tensor(a, "scale_bias")
     s, b = float_of(s, "scale_bias: s"), float_of(b, "scale_bias: b")
@@ -68,7 +68,7 @@ def scale_bias(a: "Tensor", s: float, b: float) -> "Tensor":
     return build(a, need("ggml_scale_bias", "scale_bias"), a.ptr, s, b)
 
 
-def fill(a: "Tensor", value: float) -> "Tensor":
+def fill(a: Tensor, value: float) -> Tensor:
     """ggml_fill: a tensor shaped like `a` with every element `value` (f32)."""
     a = tensor(a, "fill")
     v = float_of(value, "fill: value")
@@ -78,10 +78,10 @@ def fill(a: "Tensor", value: float) -> "Tensor":
     return build(a, need("ggml_fill", "fill"), a.ptr, v)
 
 
-def _unary(fn_name: str, name: str) -> Callable[["Tensor"], "Tensor"]:
+def _unary(fn_name: str, name: str) -> Callable[[Tensor], Tensor]:
     fn = getattr(lib, fn_name, None)
 
-    def op(a: "Tensor") -> "Tensor":
+    def op(a: Tensor) -> Tensor:
         a = tensor(a, name)
         if fn is None:
             raise UnsupportedError(f"{name} is not in this ggml release")

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from .._tensor import Tensor
 
 
-def get_rows(a: "Tensor", idx: "Tensor") -> "Tensor":
+def get_rows(a: Tensor, idx: Tensor) -> Tensor:
     """Rows of `a` picked by the i32 indices `idx` (embedding lookup): a (..., R, n) with
     ggml ne [n, R, B, C]; idx ne [r, B, C]."""
     a, idx = tensor(a, "get_rows", "a"), tensor(idx, "get_rows", "indices")
@@ -28,7 +28,7 @@ def get_rows(a: "Tensor", idx: "Tensor") -> "Tensor":
     return build(a, lib.ggml_get_rows, a.ptr, idx.ptr, ndim=max(a.ndim, idx.ndim + 1), uses=(idx,))
 
 
-def set_rows(dst: "Tensor", src: "Tensor", idx: "Tensor") -> "Tensor":
+def set_rows(dst: Tensor, src: Tensor, idx: Tensor) -> Tensor:
     """``dst[idx] = src`` row-wise (ggml_set_rows): returns `dst` as updated by the graph.
     dst (..., R, n), src (..., r, n) f32/f16, idx (r,) i32 or i64 with 0 <= idx < R."""
     dst, src = tensor(dst, "set_rows", "dst"), tensor(src, "set_rows", "src")

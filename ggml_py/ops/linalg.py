@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .._tensor import Tensor
 
 
-def mul_mat(a: "Tensor", b: "Tensor") -> "Tensor":
+def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     """ggml_mul_mat: result ne = [a.ne1, b.ne1, b.ne2, b.ne3] (numpy: b @ a.T), f32."""
     a, b = tensor(a, "mul_mat", "a"), tensor(b, "mul_mat", "b")
     require(a.ne[0] == b.ne[0], f"mul_mat: inner dims differ (a.ne0={a.ne[0]}, b.ne0={b.ne[0]})")
@@ -35,7 +35,7 @@ def mul_mat(a: "Tensor", b: "Tensor") -> "Tensor":
     return build(a, lib.ggml_mul_mat, a.ptr, b.ptr, ndim=max(a.ndim, b.ndim, 2), uses=(b,))
 
 
-def out_prod(a: "Tensor", b: "Tensor") -> "Tensor":
+def out_prod(a: Tensor, b: Tensor) -> Tensor:
     """ggml_out_prod: result ne = [a.ne0, b.ne0, b.ne2, b.ne3]."""
     a, b = tensor(a, "out_prod", "a"), tensor(b, "out_prod", "b")
     require(a.type.name in FLOAT or a.type.block_size > 1,
@@ -48,7 +48,7 @@ def out_prod(a: "Tensor", b: "Tensor") -> "Tensor":
     return build(a, lib.ggml_out_prod, a.ptr, b.ptr, ndim=max(a.ndim, b.ndim, 2), uses=(b,))
 
 
-def matmul(a: "Tensor", b: "Tensor") -> "Tensor":
+def matmul(a: Tensor, b: Tensor) -> Tensor:
     """numpy's ``a @ b`` (last two axes, batch axes broadcast), any layout of a and b."""
     a, b = tensor(a, "matmul", "a"), tensor(b, "matmul", "b")
     a2 = reshape(_packed(a), (1, a.shape[0])) if a.ndim == 1 else a
@@ -79,7 +79,7 @@ def matmul(a: "Tensor", b: "Tensor") -> "Tensor":
     return out
 
 
-def _packed(t: "Tensor") -> "Tensor":
+def _packed(t: Tensor) -> Tensor:
     """`t` itself when contiguous, else a contiguous copy (numpy semantics take any layout)."""
     return t if t.is_contiguous else cont(t)
 

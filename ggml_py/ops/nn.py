@@ -20,8 +20,8 @@ def _eps(eps: Any, op: str) -> float:
     return e
 
 
-def soft_max(a: "Tensor", mask: "Tensor | None" = None, scale: float = 1.0,
-             max_bias: float = 0.0) -> "Tensor":
+def soft_max(a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
+             max_bias: float = 0.0) -> Tensor:
     """softmax over rows of `a` (the last numpy axis), with an optional additive mask."""
     a = tensor(a, "soft_max")
     cpu_type(a, "soft_max")
@@ -45,7 +45,7 @@ def soft_max(a: "Tensor", mask: "Tensor | None" = None, scale: float = 1.0,
                  uses=() if mask is None else (mask,))
 
 
-def norm(a: "Tensor", eps: float = 1e-5) -> "Tensor":
+def norm(a: Tensor, eps: float = 1e-5) -> Tensor:
     """Normalise each row to mean 0, variance 1 (ggml_norm); eps >= 0."""
     a = tensor(a, "norm")
     cpu_type(a, "norm")
@@ -54,7 +54,7 @@ def norm(a: "Tensor", eps: float = 1e-5) -> "Tensor":
     return build(a, lib.ggml_norm, a.ptr, eps)
 
 
-def rms_norm(a: "Tensor", eps: float = 1e-6) -> "Tensor":
+def rms_norm(a: Tensor, eps: float = 1e-6) -> Tensor:
     """Divide each row by its root mean square (ggml_rms_norm); eps >= 0."""
     a = tensor(a, "rms_norm")
     cpu_type(a, "rms_norm")
@@ -63,7 +63,7 @@ def rms_norm(a: "Tensor", eps: float = 1e-6) -> "Tensor":
     return build(a, lib.ggml_rms_norm, a.ptr, eps)
 
 
-def group_norm(a: "Tensor", n_groups: int, eps: float = 1e-6) -> "Tensor":
+def group_norm(a: Tensor, n_groups: int, eps: float = 1e-6) -> Tensor:
     """Normalise each group of channels: `a` is (N, C, H, W) in numpy order (ggml ne
     [W, H, C, N]); the C channels split into `n_groups` groups of C / n_groups."""
     a = tensor(a, "group_norm")
@@ -79,11 +79,11 @@ def group_norm(a: "Tensor", n_groups: int, eps: float = 1e-6) -> "Tensor":
 ROPE_NORMAL, ROPE_NEOX = int(lib.GGML_ROPE_TYPE_NORMAL), int(lib.GGML_ROPE_TYPE_NEOX)
 
 
-def rope_ext(a: "Tensor", pos: "Tensor", n_dims: int | None = None, mode: int = ROPE_NORMAL, *,
-             freq_factors: "Tensor | None" = None,
+def rope_ext(a: Tensor, pos: Tensor, n_dims: int | None = None, mode: int = ROPE_NORMAL, *,
+             freq_factors: Tensor | None = None,
              n_ctx_orig: int = 0, freq_base: float = 10000.0, freq_scale: float = 1.0,
              ext_factor: float = 0.0, attn_factor: float = 1.0, beta_fast: float = 32.0,
-             beta_slow: float = 1.0) -> "Tensor":
+             beta_slow: float = 1.0) -> Tensor:
     """Rotary position embedding (ggml_rope_ext). `a` is (batch, tokens, heads, head_dim) in
     numpy order; `pos` holds one i32 position per token. The first `n_dims` (default: all) of
     head_dim rotate: adjacent pairs (``gg.ROPE_NORMAL``) or halves (``gg.ROPE_NEOX``)."""
@@ -114,9 +114,9 @@ def rope_ext(a: "Tensor", pos: "Tensor", n_dims: int | None = None, mode: int = 
                  uses=(pos,) if freq_factors is None else (pos, freq_factors))
 
 
-def flash_attn_ext(q: "Tensor", k: "Tensor", v: "Tensor", mask: "Tensor | None" = None,
+def flash_attn_ext(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                    scale: float = 1.0, max_bias: float = 0.0,
-                   logit_softcap: float = 0.0) -> "Tensor":
+                   logit_softcap: float = 0.0) -> Tensor:
     """Fused attention softmax(scale * q k^T + mask) v. numpy order: q (B, H, Nq, D),
     k (B, Hkv, Nkv, D), v (B, Hkv, Nkv, Dv), mask f16 (Nq', Nkv) with Nq' >= Nq; H a multiple
     of Hkv. The result is (B, Nq, H, Dv), f32 (ggml's permuted layout)."""

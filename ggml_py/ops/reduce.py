@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from .._tensor import Tensor
 
 
-def sum(a: "Tensor") -> "Tensor":
+def sum(a: Tensor) -> Tensor:
     """Sum of all elements (a 1-element tensor)."""
     a = tensor(a, "sum")
     cpu_type(a, "sum")
@@ -21,7 +21,7 @@ def sum(a: "Tensor") -> "Tensor":
     return build(a, lib.ggml_sum, a.ptr, ndim=1)
 
 
-def sum_rows(a: "Tensor") -> "Tensor":
+def sum_rows(a: Tensor) -> Tensor:
     """Sum of each row (ggml_sum_rows): the last numpy axis becomes 1."""
     a = tensor(a, "sum_rows")
     cpu_type(a, "sum_rows")
@@ -29,7 +29,7 @@ def sum_rows(a: "Tensor") -> "Tensor":
     return build(a, lib.ggml_sum_rows, a.ptr)
 
 
-def mean(a: "Tensor") -> "Tensor":
+def mean(a: Tensor) -> Tensor:
     """Mean of each row (ggml_mean)."""
     a = tensor(a, "mean")
     cpu_type(a, "mean")
@@ -37,7 +37,7 @@ def mean(a: "Tensor") -> "Tensor":
     return build(a, lib.ggml_mean, a.ptr)
 
 
-def argmax(a: "Tensor") -> "Tensor":
+def argmax(a: Tensor) -> Tensor:
     """Index of the largest value of each row of a matrix (i32)."""
     a = tensor(a, "argmax")
     require(a.type.name == "f32", f"argmax: takes f32, got {a.type.name}", InvalidType)
@@ -46,7 +46,7 @@ def argmax(a: "Tensor") -> "Tensor":
     return build(a, lib.ggml_argmax, a.ptr, ndim=1)
 
 
-def cumsum(a: "Tensor") -> "Tensor":
+def cumsum(a: Tensor) -> Tensor:
     """Running sum along each row (the last numpy axis), f32."""
     a = tensor(a, "cumsum")
     require(a.type.name == "f32", f"cumsum: takes f32, got {a.type.name}", InvalidType)
@@ -54,7 +54,7 @@ def cumsum(a: "Tensor") -> "Tensor":
     return build(a, need("ggml_cumsum", "cumsum"), a.ptr)
 
 
-def argsort(a: "Tensor", descending: bool = False) -> "Tensor":
+def argsort(a: Tensor, descending: bool = False) -> Tensor:
     """Indices (i32) that sort each row of f32 `a`."""
     a = tensor(a, "argsort")
     require(a.type.name == "f32", f"argsort: takes f32, got {a.type.name}", InvalidType)
@@ -64,7 +64,7 @@ def argsort(a: "Tensor", descending: bool = False) -> "Tensor":
     return build(a, lib.ggml_argsort, a.ptr, order)
 
 
-def top_k(a: "Tensor", k: int) -> "Tensor":
+def top_k(a: Tensor, k: int) -> Tensor:
     """Indices (i32) of the `k` largest values of each row, in no particular order."""
     a = tensor(a, "top_k")
     require(a.type.name == "f32", f"top_k: takes f32, got {a.type.name}", InvalidType)

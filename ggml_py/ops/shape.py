@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .._tensor import Tensor
 
 
-def reshape(a: "Tensor", shape: Any) -> "Tensor":
+def reshape(a: Tensor, shape: Any) -> Tensor:
     """A view of contiguous `a` with another numpy-order shape (same element count; one axis
     may be -1)."""
     a = tensor(a, "reshape")
@@ -42,7 +42,7 @@ def reshape(a: "Tensor", shape: Any) -> "Tensor":
     return build(a, lib.ggml_reshape_4d, a.ptr, *ne, ndim=len(dims))
 
 
-def view(a: "Tensor", shape: Any, offset: int = 0, strides: Any = None) -> "Tensor":
+def view(a: Tensor, shape: Any, offset: int = 0, strides: Any = None) -> Tensor:
     """A view of `a`'s memory: numpy-order `shape`, byte `offset`, numpy-order byte `strides`
     (the last one must be the element size)."""
     a = tensor(a, "view")
@@ -72,7 +72,7 @@ def view(a: "Tensor", shape: Any, offset: int = 0, strides: Any = None) -> "Tens
                  offset, ndim=len(dims))
 
 
-def permute(a: "Tensor", axes: Any) -> "Tensor":
+def permute(a: Tensor, axes: Any) -> Tensor:
     """numpy's ``np.transpose(a, axes)`` as a view."""
     a = tensor(a, "permute")
     n = a.ndim
@@ -95,7 +95,7 @@ def permute(a: "Tensor", axes: Any) -> "Tensor":
     return build(a, lib.ggml_permute, a.ptr, *gperm, ndim=n)
 
 
-def transpose(a: "Tensor") -> "Tensor":
+def transpose(a: Tensor) -> Tensor:
     """Swap the last two numpy axes (ggml_transpose: ne0 <-> ne1), a view."""
     a = tensor(a, "transpose")
     require(a.type.block_size == 1, f"transpose: a {a.type.name} tensor's rows are quantized "
@@ -103,7 +103,7 @@ def transpose(a: "Tensor") -> "Tensor":
     return build(a, lib.ggml_transpose, a.ptr, ndim=max(a.ndim, 2))
 
 
-def cont(a: "Tensor") -> "Tensor":
+def cont(a: Tensor) -> Tensor:
     """A contiguous copy of `a` (any layout)."""
     a = tensor(a, "cont")
     if not a.is_contiguous:                      # gathering a view: CUDA's copy kernels
@@ -121,7 +121,7 @@ def can_convert(src: GGMLType, dst: GGMLType) -> bool:
         src.name, src.block_size > 1 and dst.name == "f32")
 
 
-def cpy(a: "Tensor", b: "Tensor") -> "Tensor":
+def cpy(a: Tensor, b: Tensor) -> Tensor:
     """Copy `a` into `b` (same element count; converts types ggml can convert). The result
     is `b` as written by the graph; it belongs to b's context."""
     a, b = tensor(a, "cpy", "a"), tensor(b, "cpy", "b")
@@ -135,7 +135,7 @@ def cpy(a: "Tensor", b: "Tensor") -> "Tensor":
     return build(b, lib.ggml_cpy, a.ptr, b.ptr, uses=(a,))
 
 
-def repeat(a: "Tensor", shape: Any) -> "Tensor":
+def repeat(a: Tensor, shape: Any) -> Tensor:
     """Tile `a` to numpy-order `shape` (each axis a multiple of a's)."""
     a = tensor(a, "repeat")
     cpu_type(a, "repeat")
@@ -147,7 +147,7 @@ def repeat(a: "Tensor", shape: Any) -> "Tensor":
     return build(a, lib.ggml_repeat_4d, a.ptr, *ne, ndim=len(dims))
 
 
-def concat(a: "Tensor", b: "Tensor", axis: int = 0) -> "Tensor":
+def concat(a: Tensor, b: Tensor, axis: int = 0) -> Tensor:
     """numpy's ``np.concatenate([a, b], axis)``."""
     a, b = tensor(a, "concat", "a"), tensor(b, "concat", "b")
     require(a.ndim == b.ndim, f"concat: {a.ndim}-D and {b.ndim}-D tensors ({a.shape}, {b.shape})")
@@ -165,7 +165,7 @@ def concat(a: "Tensor", b: "Tensor", axis: int = 0) -> "Tensor":
     return build(a, lib.ggml_concat, a.ptr, b.ptr, dim, ndim=n, uses=(b,))
 
 
-def pad(a: "Tensor", widths: Any) -> "Tensor":
+def pad(a: Tensor, widths: Any) -> Tensor:
     """Zero padding, numpy's ``np.pad(a, widths)``: one (before, after) pair per axis, or one
     int per axis meaning (0, int)."""
     a = tensor(a, "pad")
