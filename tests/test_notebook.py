@@ -119,6 +119,8 @@ def test_04_scheduler_split(monkeypatch):
             assert f"{splits} splits" in html and "<svg" in html and "copy of" in html
             table = html[html.index(">splits<"):html.index("<svg")]
             assert table.count("<tr>") == splits + 1                  # header + one row each
+        (picture,) = nb.data("image/svg+xml")                        # the graph on its own
+        assert ">RPC1<" in picture and "copy of" in picture
 
 
 @pytest.mark.slow
