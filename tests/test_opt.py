@@ -166,3 +166,20 @@ def test_gradients_refuse_what_ggml_cannot_differentiate(cpu_backend):
             opt.gradients(W * 2, [W], cpu_backend)
         with pytest.raises(gg.InvalidArgument, match="not part of the loss"):
             opt.gradients(gg.sum(W * W), [other], cpu_backend)
+
+
+def test_training_on_an_rpc_device(rpc_devs, rng):
+    """Parameters and the optimizer's own tensors on a real RPC server, CPU as the fallback."""
+    X, y = blobs(rng)
+    data = opt.Dataset(X, np.eye(3, dtype=np.float32)[y])
+    with rpc_devs[0].backend() as remote, gg.device("CPU").backend(n_threads=1) as cpu:
+        m = Model(remote, rng)
+        trainer = opt.Optimizer([remote, cpu], m.x, m.logits, m.params, lr=0.02)
+        first = trainer.evaluate(data).loss
+        for _ in range(10):
+            trainer.epoch(data)
+        last = trainer.evaluate(data)
+        assert last.loss < first / 2 and last.accuracy > 0.9
+        assert not m.W1.is_host                    # the parameters stayed on the server
+        trainer.close()
+        m.ctx.close()
