@@ -277,6 +277,14 @@ class Optimizer(Owned):
         n = dataset.ndata
         return (_result(train) if split else None), (_result(val) if split < n else None)
 
+    def close(self) -> None:
+        """Free ggml-opt's context, then the scheduler and compute memory made for it."""
+        was_open = not self.closed
+        super().close()
+        if was_open:          # (the scheduler closing closes this first: no second round)
+            self._sched.close()
+            self._compute.close()
+
     def __repr__(self):
         if self.closed:
             return "<Optimizer closed>"
