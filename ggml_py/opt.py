@@ -257,6 +257,9 @@ class Optimizer(Owned):
             require(dataset.n_labels == self.outputs.ne[0],
                     f"the dataset has {dataset.n_labels} labels per point, the outputs "
                     f"{self.outputs.ne[0]}")
+        else:                 # ggml asserts that labels come exactly when the loss uses them
+            require(dataset.n_labels == 0,
+                    f"loss {self.loss!r} uses no labels: make the Dataset without them")
         n = dataset.ndata
         require(n % self.batch == 0,
                 f"the dataset's {n} points are not a whole number of batches of {self.batch}")

@@ -112,6 +112,11 @@ def test_bad_input_raises(cpu_backend, rng):
         trainer.epoch(opt.Dataset(X, onehot), val_split=1.0)
     with pytest.raises(gg.InvalidArgument, match="beta1"):
         trainer.set_hyperparameters(beta1=2)
+    summed = opt.Optimizer(cpu_backend, m.x, m.logits, m.params, loss="sum")
+    with pytest.raises(gg.InvalidArgument, match="uses no labels"):
+        summed.epoch(opt.Dataset(X, onehot))
+    summed.epoch(opt.Dataset(X))                    # data points alone: fine
+    summed.close()
     m.ctx.close()                                 # the model's context closes the trainer first
     assert trainer.closed
     with pytest.raises(gg.ClosedError):
