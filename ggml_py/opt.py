@@ -155,7 +155,7 @@ class Optimizer(Owned):
             require(p.data is not None, f"parameter {p.name or '(unnamed)'} has no memory")
         if loss == "cross_entropy":
             require(outputs.type.name == "f32", "cross entropy needs f32 outputs (logits)")
-        n_nodes = _count(outputs)
+        n_nodes = len(_backward_checked(outputs, params, "the outputs"))
         require(4 * n_nodes + 64 < GRAPH_SIZE,
                 f"the model has {n_nodes} tensors; ggml-opt's graphs hold {GRAPH_SIZE} slots, "
                 "enough for about a quarter of that with gradients and optimizer steps")
@@ -321,22 +321,7 @@ def gradients(loss, params, backend) -> list[np.ndarray]:
     for p in params:
         require(p.type.name in ("f32", "f16") and p.data is not None,
                 f"parameter {p.name or '(unnamed)'} must be f32 or f16 and have memory")
-    tensors, stack, seen = [], [loss], set()
-    while stack:
-        t = stack.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        tensors.append(t)
-        stack.extend(t.src)
-    for t in tensors:
-        require(t.op in BACKWARD_OPS, f"ggml has no backward pass for op {t.op} "
-                                      f"(tensor {t.name or '(unnamed)'})")
-        if t.op == "MUL_MAT":
-            a, b = t.src
-            require(a.ne[2:] == b.ne[2:], "ggml's backward pass of a broadcast mul_mat is "
-                                          "not implemented")
-    require(all(p in seen for p in params), "a parameter is not part of the loss's graph")
+    tensors = _backward_checked(loss, params, "the loss")
     n = len(tensors)
     size = max(GRAPH_SIZE, 8 * n)
     overhead = int(lib.ggml_tensor_overhead())
@@ -393,15 +378,26 @@ def _result(raw) -> Result:
                   int(ndata[0]))
 
 
-def _count(out) -> int:
-    seen, stack = set(), [out]
+def _backward_checked(out, params, what: str) -> list:
+    """The tensors of `out`'s graph, after checking that ggml can differentiate it with
+    respect to `params` (ggml_compute_backward aborts on any op it has no rule for)."""
+    tensors, stack, seen = [], [out], set()
     while stack:
         t = stack.pop()
         if t in seen:
             continue
         seen.add(t)
+        tensors.append(t)
         stack.extend(t.src)
-    return len(seen)
+    for t in tensors:
+        require(t.op in BACKWARD_OPS, f"ggml has no backward pass for op {t.op} "
+                                      f"(tensor {t.name or '(unnamed)'})")
+        if t.op == "MUL_MAT":
+            a, b = t.src
+            require(a.ne[2:] == b.ne[2:], "ggml's backward pass of a broadcast mul_mat is "
+                                          "not implemented")
+    require(all(p in seen for p in params), f"a parameter is not part of {what}'s graph")
+    return tensors
 
 
 __all__ = ["Dataset", "Optimizer", "Result", "gradients", "LOSSES", "OPTIMIZERS", "BACKWARD_OPS"]

@@ -112,6 +112,10 @@ def test_bad_input_raises(cpu_backend, rng):
         trainer.epoch(opt.Dataset(X, onehot), val_split=1.0)
     with pytest.raises(gg.InvalidArgument, match="beta1"):
         trainer.set_hyperparameters(beta1=2)
+    with pytest.raises(gg.InvalidArgument, match="not part of the outputs"):
+        opt.Optimizer(cpu_backend, m.x, m.logits, [allocated])
+    with pytest.raises(gg.InvalidArgument, match="no backward pass for op TANH"):
+        opt.Optimizer(cpu_backend, m.x, gg.tanh(m.logits), m.params)
     summed = opt.Optimizer(cpu_backend, m.x, m.logits, m.params, loss="sum")
     with pytest.raises(gg.InvalidArgument, match="uses no labels"):
         summed.epoch(opt.Dataset(X, onehot))
