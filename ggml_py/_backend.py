@@ -10,6 +10,7 @@ threads is serialized by the backend's lock; close() waits for it.
 """
 from __future__ import annotations
 
+import builtins
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -130,7 +131,7 @@ class Backend(Owned):
         return bool(lib.ggml_backend_supports_buft(self.ptr, buft.ptr))
 
     # -- data --------------------------------------------------------------------------------
-    def set(self, tensor: "Tensor", array: Any, offset: int = 0) -> None:
+    def set(self, tensor: "Tensor", array: Any, offset: int = 0) -> None:  # noqa: A003
         """Blocking copy of `array` into `tensor`."""
         self.ensure_alive()
         _transfer.blocking_set(tensor, array, offset)
@@ -173,7 +174,7 @@ class Backend(Owned):
         """Queue `graph`; results are valid after synchronize()."""
         _graph_of(graph).compute_on(self, asynchronous=True)
 
-    def _devices(self) -> set[Any]:
+    def _devices(self) -> "builtins.set[Any]":
         return {self._device.ptr}
 
     def close(self) -> None:

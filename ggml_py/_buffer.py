@@ -151,4 +151,5 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.float32,
     n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     raw = np.empty(n + alignment, dtype=np.uint8)
     start = (-raw.ctypes.data) % alignment
-    return raw[start:start + n].view(dt).reshape(shape)
+    out: np.ndarray = raw[start:start + n].view(dt).reshape(shape)
+    return out

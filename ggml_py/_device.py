@@ -101,14 +101,14 @@ class Registry(Borrowed):
 
     @property
     def name(self) -> str:
-        return cstr(lib.ggml_backend_reg_name(self.ptr))
+        return cstr(lib.ggml_backend_reg_name(self.ptr)) or ""
 
     @property
     def devices(self) -> list["Device"]:
         n = lib.ggml_backend_reg_dev_count(self.ptr)
         return [Device._of(lib.ggml_backend_reg_dev_get(self.ptr, i)) for i in range(n)]
 
-    def proc_address(self, name: str, ctype: str | None = None):
+    def proc_address(self, name: str, ctype: str | None = None) -> Any:
         """A backend-specific function (``ggml_backend_reg_get_proc_address``), cast to `ctype`
         when given; None when the backend does not offer it."""
         p = lib.ggml_backend_reg_get_proc_address(self.ptr, name.encode())
@@ -122,14 +122,15 @@ class Registry(Borrowed):
         fn = self.proc_address("ggml_backend_get_features", "ggml_backend_get_features_t")
         if fn is None:
             return {}
-        out, feats = {}, fn(self.ptr)
+        out: dict[str, str] = {}
+        feats = fn(self.ptr)
         i = 0
         while feats[i].name != ffi.NULL:
-            out[cstr(feats[i].name)] = cstr(feats[i].value)
+            out[cstr(feats[i].name) or ""] = cstr(feats[i].value) or ""
             i += 1
         return out
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<Registry {self.name} devices={len(self.devices)}>"
 
 
@@ -140,7 +141,7 @@ class Device(Borrowed):
     __slots__ = ("__weakref__",)
 
     @classmethod
-    def _of(cls, ptr) -> "Device":
+    def _of(cls, ptr: Any) -> "Device":
         key = int(ffi.cast("uintptr_t", ptr))
         dev = cls._cache.get(key)
         if dev is None:
@@ -150,11 +151,11 @@ class Device(Borrowed):
     # -- properties -------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        return cstr(lib.ggml_backend_dev_name(self.ptr))
+        return cstr(lib.ggml_backend_dev_name(self.ptr)) or ""
 
     @property
     def description(self) -> str:
-        return cstr(lib.ggml_backend_dev_description(self.ptr))
+        return cstr(lib.ggml_backend_dev_description(self.ptr)) or ""
 
     @property
     def type(self) -> str:
@@ -228,14 +229,14 @@ class Device(Borrowed):
         return unique
 
     # -- what it can do ---------------------------------------------------------------------
-    def supports_op(self, tensor) -> bool:
+    def supports_op(self, tensor: Any) -> bool:
         """Whether the device can compute `tensor`'s op (a node of a graph)."""
         return bool(lib.ggml_backend_dev_supports_op(self.ptr, tensor.ptr))
 
-    def supports_buffer_type(self, buft) -> bool:
+    def supports_buffer_type(self, buft: BufferType) -> bool:
         return bool(lib.ggml_backend_dev_supports_buft(self.ptr, buft.ptr))
 
-    def offload_op(self, tensor) -> bool:
+    def offload_op(self, tensor: Any) -> bool:
         return bool(lib.ggml_backend_dev_offload_op(self.ptr, tensor.ptr))
 
     def require_events(self) -> None:
@@ -291,7 +292,7 @@ class Device(Borrowed):
         return str(device_html(self))
 
 
-class DeviceList(list):  # type: ignore[type-arg]
+class DeviceList(list["Device"]):
     """A list of devices that Jupyter shows as a table."""
 
     def _repr_html_(self) -> str:

@@ -244,10 +244,11 @@ class Graph:
             if idx.data == ffi.NULL or idx.buffer == ffi.NULL:
                 continue                  # reported as an unallocated input by prepare()
             dtype = np.int64 if int(idx.type) == int(lib.GGML_TYPE_I64) else np.int32
-            values = np.empty(int(lib.ggml_nelements(idx)), dtype)
+            values: Any = np.empty(int(lib.ggml_nelements(idx)), dtype)
             lib.ggml_backend_tensor_get(idx, ffi.from_buffer("void *", values, require_writable=True),
                                         0, values.nbytes)
-            if values.size and (values.min() < 0 or values.max() >= rows):
+            lo, hi = int(values.min()) if values.size else 0, int(values.max()) if values.size else 0
+            if values.size and (lo < 0 or hi >= rows):
                 bad = values[(values < 0) | (values >= rows)][0]
                 raise InvalidArgument(f"{op}: index {bad} is out of range for {rows} rows "
                                       f"(indices {cstr(idx.name) or ''})")
@@ -284,8 +285,8 @@ class Graph:
     def to_svg(self) -> str:
         """The graph as an SVG picture, drawn without Graphviz (Jupyter shows a Graph so)."""
         self.require_open()
-        from ._display import graph_svg
-        return str(graph_svg(self))
+        from . import _display
+        return str(getattr(_display, "graph_svg")(self))
 
     def _repr_svg_(self) -> str:
         return self.to_svg()

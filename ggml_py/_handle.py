@@ -110,7 +110,7 @@ class Borrowed:
         self.ptr = ptr
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and bool(self.ptr == other.ptr)  # type: ignore[attr-defined]
+        return isinstance(other, Borrowed) and type(other) is type(self) and bool(self.ptr == other.ptr)
 
     def __hash__(self) -> int:
         return hash(int(ffi.cast("uintptr_t", self.ptr)))

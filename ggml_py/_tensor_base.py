@@ -33,7 +33,7 @@ def shape_of(shape: Any, what: str = "shape") -> tuple[int, ...]:
     if isinstance(shape, (str, bytes)):
         raise InvalidType(f"{what} must be an int or a sequence of ints, not {shape!r}")
     try:
-        dims = (operator.index(shape),)
+        dims: tuple[int, ...] = (operator.index(shape),)
     except TypeError:
         try:
             dims = tuple(operator.index(s) for s in shape)
@@ -95,7 +95,7 @@ class TensorBase:
         return self._type
 
     @property
-    def dtype(self) -> np.dtype | None:  # type: ignore[type-arg]
+    def dtype(self) -> "np.dtype[Any] | None":
         return self.type.numpy_dtype
 
     @property
@@ -179,7 +179,7 @@ class TensorBase:
     @property
     def is_allocated(self) -> bool:
         p = self.ptr
-        return p.buffer != ffi.NULL and p.data != ffi.NULL
+        return bool(p.buffer != ffi.NULL and p.data != ffi.NULL)
 
     def require_memory(self, what: str) -> Any:
         """The raw tensor, once it is sure to have live memory: InvalidArgument while

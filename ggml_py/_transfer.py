@@ -78,7 +78,8 @@ def blocking_get(t: "Tensor", out: Any, offset: Any = 0) -> np.ndarray:
             lib.ggml_backend_tensor_get(t.require_memory("get"),
                                         ffi.from_buffer("void *", out, require_writable=True),
                                         offset, out.nbytes)
-    return out
+    result: np.ndarray = out
+    return result
 
 
 class _HostView:
@@ -87,7 +88,8 @@ class _HostView:
     def __init__(self, t: "Tensor", writable: bool) -> None:
         self.keep = t.ctx
         self.__array_interface__ = {
-            "shape": t.shape, "typestr": t.dtype.str, "version": 3,
+            "shape": t.shape, "typestr": t.type.numpy_dtype.str if t.type.numpy_dtype else "|u1",
+            "version": 3,
             "data": (t.data, not writable),
             "strides": tuple(reversed(t.nb[: t.ndim])),
         }
@@ -148,7 +150,8 @@ def get_async(backend: "Backend", t: "Tensor", out: Any, offset: Any = 0) -> np.
             lib.ggml_backend_tensor_get_async(backend.ptr, t.ptr,
                                               ffi.from_buffer("void *", out, require_writable=True),
                                               offset, out.nbytes)
-    return out
+    result: np.ndarray = out
+    return result
 
 
 def copy_async(src: "Tensor", dst: "Tensor", src_backend: "Backend", dst_backend: "Backend") -> None:

@@ -5,6 +5,8 @@ sizes and (de)quantization come from ggml's own type traits.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ._loader import cstr, ffi, lib
@@ -14,7 +16,9 @@ from .errors import InvalidArgument, InvalidType, require
 class GGMLType(int):
     """A ggml type (an ``enum ggml_type`` value) with its traits."""
 
-    def __new__(cls, value: int, name: str):
+    _name: str
+
+    def __new__(cls, value: int, name: str) -> "GGMLType":
         self = super().__new__(cls, value)
         self._name = name
         return self
@@ -37,21 +41,21 @@ class GGMLType(int):
         return bool(lib.ggml_is_quantized(self))
 
     @property
-    def numpy_dtype(self) -> np.dtype | None:
+    def numpy_dtype(self) -> "np.dtype[Any] | None":
         """The numpy dtype whose bytes equal this type's, or None (quantized, bf16)."""
         return _NUMPY.get(self._name)
 
     def row_size(self, n: int) -> int:
         return int(lib.ggml_row_size(self, n))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"gg.{self._name}"
 
-    def __reduce__(self):
+    def __reduce__(self) -> Any:
         return (by_name, (self._name,))
 
 
-_NUMPY = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "f64": np.dtype(np.float64),
+_NUMPY: "dict[str, np.dtype[Any]]" = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "f64": np.dtype(np.float64),
           "i8": np.dtype(np.int8), "i16": np.dtype(np.int16), "i32": np.dtype(np.int32),
           "i64": np.dtype(np.int64)}
 
@@ -65,7 +69,7 @@ for _cname, _value in ffi.typeof("enum ggml_type").relements.items():
     TYPES[_n] = GGMLType(_value, _n)
 
 _BY_VALUE = {int(t): t for t in TYPES.values()}
-_FROM_NUMPY = {v: TYPES[k] for k, v in _NUMPY.items() if k in TYPES}
+_FROM_NUMPY: "dict[np.dtype[Any], GGMLType]" = {v: TYPES[k] for k, v in _NUMPY.items() if k in TYPES}
 
 
 def by_name(name: str) -> GGMLType:
@@ -75,7 +79,7 @@ def by_name(name: str) -> GGMLType:
         raise InvalidType(f"unknown ggml type {name!r}; this release has {sorted(TYPES)}") from None
 
 
-def of(value) -> GGMLType:
+def of(value: Any) -> GGMLType:
     """A GGMLType from a GGMLType, its name, its number, or a numpy dtype."""
     if isinstance(value, GGMLType):
         return value
@@ -101,7 +105,7 @@ def from_float_bytes(t: GGMLType, raw: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def quantize(array, type) -> tuple[np.ndarray, GGMLType]:
+def quantize(array: Any, type: Any) -> tuple[np.ndarray, GGMLType]:
     """Quantize a float array (rows along the last axis) to `type` with ggml_quantize_chunk.
 
     Returns the raw bytes (uint8) and the type; ``Tensor.set_raw`` stores them."""

@@ -18,11 +18,16 @@ cannot become a ggml tensor without a copy; :func:`from_dlpack` says so.
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING, Any
 
 import cffi
 import numpy as np
 
 from ._device import device as find_device
+
+if TYPE_CHECKING:
+    from ._context import Context
+    from ._tensor import Tensor
 from ._loader import ffi, lib
 from .errors import InvalidArgument, UnsupportedError, check, require
 
@@ -50,16 +55,16 @@ typedef struct DLManagedTensorVersioned {
 } DLManagedTensorVersioned;
 """)
 
-_LIVE: dict[int, tuple] = {}     # DLManagedTensor address -> what must outlive the consumer
+_LIVE: dict[int, tuple[Any, ...]] = {}     # DLManagedTensor address -> what must outlive the consumer
 
 
-@_dl.callback("void(DLManagedTensor *)")
-def _deleter(managed):
+@_dl.callback("void(DLManagedTensor *)")  # type: ignore[untyped-decorator]
+def _deleter(managed: Any) -> None:
     _LIVE.pop(int(_dl.cast("uintptr_t", managed)), None)
 
 
-@_dl.callback("void(DLManagedTensorVersioned *)")
-def _deleter_versioned(managed):
+@_dl.callback("void(DLManagedTensorVersioned *)")  # type: ignore[untyped-decorator]
+def _deleter_versioned(managed: Any) -> None:
     _LIVE.pop(int(_dl.cast("uintptr_t", managed)), None)
 
 
@@ -72,15 +77,15 @@ _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _capsule_destructor(capsule):
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # type: ignore[untyped-decorator]
+def _capsule_destructor(capsule: Any) -> None:
     # a consumer renames the capsule "used_dltensor[_versioned]" and calls the deleter itself
     for name in (b"dltensor", b"dltensor_versioned"):
         if _api.PyCapsule_IsValid(capsule, name):
             _LIVE.pop(_api.PyCapsule_GetPointer(capsule, name), None)
 
 
-def _cuda_index(t) -> int | None:
+def _cuda_index(t: "Tensor") -> int | None:
     """The CUDA device index of `t`'s buffer, None for other devices."""
     buft = lib.ggml_backend_buffer_get_type(t.ptr.buffer)
     dev = lib.ggml_backend_buft_get_device(buft)
@@ -92,19 +97,19 @@ def _cuda_index(t) -> int | None:
     return None
 
 
-def device(t) -> tuple[int, int]:
+def device(t: "Tensor") -> tuple[int, int]:
     """(DLPack device type, index) of tensor `t`'s memory."""
     t.require_memory("__dlpack_device__")
     if t.is_host:
         return (KDL_CPU, 0)
     idx = _cuda_index(t)
     if idx is None:
-        raise BufferError(f"tensor {t.name or '(unnamed)'} lives in {t.buffer.name} memory, which "
+        raise BufferError(f"tensor {t.name or '(unnamed)'} lives in {t.buffer.name if t.buffer else 'device'} memory, which "
                           "other libraries cannot address; copy it with t.numpy()")
     return (KDL_CUDA, idx)
 
 
-def capsule(t, max_version=None):
+def capsule(t: "Tensor", max_version: Any = None) -> Any:
     """A DLPack capsule over `t`'s memory (no copy): a versioned one (DLPack 1.0, writable)
     when the consumer accepts it, else a legacy "dltensor" one."""
     kind, idx = device(t)
@@ -137,7 +142,7 @@ def capsule(t, max_version=None):
     return _api.PyCapsule_New(addr, name, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
 
 
-def from_dlpack(obj, ctx, name: str | None = None):
+def from_dlpack(obj: Any, ctx: "Context", name: str | None = None) -> "Tensor":
     """A tensor of `ctx` over the memory of `obj` (any DLPack producer: numpy, torch, jax...),
     without a copy. The memory must be host memory, C-contiguous and aligned as the CPU
     device requires; `obj` is kept alive with the context."""

@@ -19,6 +19,7 @@ import sys
 import time
 import warnings
 import weakref
+from typing import Any
 from pathlib import Path
 
 from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib
@@ -52,7 +53,7 @@ def _is_loopback(host: str) -> bool:
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def probe(endpoint: str, timeout: float = 5.0) -> None:
@@ -70,7 +71,7 @@ HELLO = 14               # RPC_CMD_HELLO, fixed across protocol versions
 CONN_CAPS = 24           # RPC_CONN_CAPS_SIZE: the HELLO request; the reply adds 4 version bytes
 
 
-def _recv_exact(sock, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
         chunk = sock.recv(n - len(data))
@@ -121,14 +122,14 @@ def hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
             f"the RPC server at {endpoint} speaks protocol {'.'.join(map(str, theirs))}, this "
             f"build (ggml {BUILD['release']}) speaks {'.'.join(map(str, ours))}: run server and "
             "client from releases with the same major protocol version")
-    return theirs
+    return (theirs[0], theirs[1], theirs[2])
 
 
 class Server:
     """A ggml RPC server process. Owned: close() stops it (``with`` works too); it never
     outlives this process."""
 
-    def __init__(self, proc: subprocess.Popen, endpoint: str):
+    def __init__(self, proc: "subprocess.Popen[bytes]", endpoint: str) -> None:
         self.proc = proc
         self.endpoint = endpoint
         self._finalizer = weakref.finalize(self, _stop, proc)
@@ -149,13 +150,13 @@ class Server:
             self.proc.kill()
             self.proc.wait()
 
-    def __enter__(self):
+    def __enter__(self) -> "Server":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<rpc.Server {self.endpoint} {'running' if self.alive else 'stopped'}>"
 
 
@@ -169,7 +170,7 @@ def close_dependents(endpoint: str) -> None:
         o.close()
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: "subprocess.Popen[bytes]") -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -179,9 +180,9 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def serve(devices=None, host: str = "127.0.0.1", port: int = 0, cache_dir: str | None = None,
+def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir: str | None = None,
           threads: int | None = None, *, allow_remote: bool = False, timeout: float = 30.0,
-          build: str | os.PathLike | None = None) -> Server:
+          build: "str | os.PathLike[str] | None" = None) -> Server:
     """Start ``ggml_backend_rpc_start_server`` (which blocks) in a child process serving
     `devices` (a Device, a name, or a list; default: the CPU), and wait until it accepts.
 
@@ -219,7 +220,7 @@ def serve(devices=None, host: str = "127.0.0.1", port: int = 0, cache_dir: str |
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace")[-2000:]
+            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
             raise GGMLError(f"the RPC server exited (code {proc.returncode}) before accepting "
                             f"connections:\n{err}")
         try:

@@ -88,6 +88,7 @@ def need(fn_name: str, op: str) -> Callable[..., Any]:
     from .._loader import lib
     fn = getattr(lib, fn_name, None)
     require(fn is not None, f"{op} is not in this ggml release", UnsupportedError)
+    assert fn is not None
     return fn  # type: ignore[no-any-return]
 
 
@@ -95,7 +96,7 @@ def build(owner: TensorBase, fn: Callable[..., Any], *args: Any, ndim: int | Non
           uses: Iterable[TensorBase] = (), room: int = 4) -> Tensor:
     """The result of ``fn(ctx_raw, *args)`` built in `owner`'s context and kept by it."""
     ctx = owner.ctx
-    return ctx.build(fn, args, owner.ndim if ndim is None else ndim, uses, room)  # type: ignore[no-any-return]
+    return ctx.build(fn, args, owner.ndim if ndim is None else ndim, uses, room)
 
 
 __all__ = ["FLOAT", "CPU_TYPES", "MAX_DIMS", "tensor", "floats", "cpu_type", "rows", "contiguous",
