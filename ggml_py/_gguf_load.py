@@ -1,0 +1,161 @@
+"""GGUFFile.load (tensors onto a backend, without a copy where the memory allows) and the
+file's notebook display."""
+from __future__ import annotations
+
+import html as _html
+import os
+import sys
+
+import numpy as np
+
+from ._loader import ffi, lib
+from .errors import GGMLError, InvalidArgument, NotFound
+
+CHUNK = 64 << 20          # bytes per upload step
+AUTO_PROGRESS = 256 << 20  # "auto" prints for uploads at least this large
+
+
+def _buffer_type(target):
+    """(buffer type, device) of a load target. The device is found from the target, as
+    ggml's CPU buffer type names no device."""
+    import ggml_py as gg
+    if isinstance(target, gg.Backend):
+        # a backend's default buffer type is its device's
+        return target.device.buffer_type, target.device
+    if isinstance(target, gg.Device):
+        return target.buffer_type, target
+    if isinstance(target, gg.BufferType):
+        dev = target.device
+        if dev is None and target == gg.device("CPU").buffer_type:
+            dev = gg.device("CPU")
+        return target, dev
+    raise InvalidArgument(f"load() takes a Backend, Device or BufferType, not {type(target).__name__}")
+
+
+def _keep_with(ctx, buf) -> None:
+    """Tie a buffer made outside ctx.alloc to the context whose tensors use it."""
+    keep = getattr(ctx, "keep", None)
+    if callable(keep):
+        keep(buf)
+    else:   # the seed's Context keeps its buffers in this list (as dlpack.py does)
+        ctx._buffers.append(buf)
+
+
+def _zero_copy(f, buft, dev, infos, tensors) -> bool:
+    """Place the tensors on the file's mapped pages; False when that is not possible here."""
+    if dev is None or not buft.is_host or not dev.caps.buffer_from_host_ptr \
+            or buft != dev.buffer_type or f._map is None:
+        return False
+    align = dev.buffer_type.alignment
+    if any(ti.offset % align for ti in infos) or mmap_page_size() % align:
+        return False
+    lo = min(ti.offset for ti in infos)
+    hi = max(ti.offset + ti.nbytes for ti in infos)
+    if hi <= lo:
+        return False
+    pages = np.frombuffer(f._map, dtype=np.uint8, count=hi - lo, offset=lo)
+    try:
+        buf = dev.buffer_from_host(pages)
+    except GGMLError:
+        return False
+    ctx = next(iter(tensors.values())).ctx
+    _keep_with(ctx, buf)
+    base = buf.base
+    for ti in infos:
+        t = tensors[ti.name]
+        if lib.ggml_backend_tensor_alloc(buf.ptr, t.ptr, ffi.cast("void *", base + ti.offset - lo)) != 0:
+            raise GGMLError(f"{f.path}: placing tensor {ti.name!r} on the mapped file failed")
+    return True
+
+
+def mmap_page_size() -> int:
+    import mmap
+    return mmap.ALLOCATIONGRANULARITY
+
+
+def _reporter(progress, path: str, total: int):
+    if callable(progress):
+        return progress
+    if progress is True or (progress == "auto" and total >= AUTO_PROGRESS):
+        name = os.path.basename(path)
+
+        def show(done, total):
+            sys.stderr.write(f"\rloading {name}: {done / 2**20:.0f}/{total / 2**20:.0f} MiB")
+            if done >= total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+        return show
+    return None
+
+
+def load(f, target, names, progress) -> dict:
+    import ggml_py as gg
+    buft, dev = _buffer_type(target)
+    by_name = {ti.name: ti for ti in f.tensors}
+    if names is None:
+        infos = list(f.tensors)
+    else:
+        if isinstance(names, str):
+            raise InvalidArgument("names must be a list of tensor names, not a string")
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise NotFound(f"{f.path}: no tensor named {missing[0]!r} "
+                           f"(the file has {len(by_name)} tensors)")
+        infos = [by_name[n] for n in dict.fromkeys(names)]
+    if not infos:
+        return {}
+    for ti in infos:
+        if 0 in ti.shape:
+            raise InvalidArgument(f"{f.path}: tensor {ti.name!r} has no elements {ti.shape}; "
+                                  "ggml_py tensors have at least one")
+    if os.stat(f.path).st_size != f.size:
+        # the mapping would fault on pages past a new end of file
+        raise GGMLError(f"{f.path}: the file changed size since it was opened; open it again")
+    ctx = gg.Context(capacity=len(infos) + 1)
+    try:
+        tensors = {}
+        for ti in infos:
+            t = tensors[ti.name] = ctx.tensor(gg.TYPES[ti.type], ti.shape or (1,))
+            # the name as the file has it (not always valid UTF-8; shorter than GGML_MAX_NAME)
+            lib.ggml_set_name(t.ptr, ti.name.encode("utf-8", "surrogateescape"))
+        if not _zero_copy(f, buft, dev, infos, tensors):
+            ctx.alloc(buft)
+            total = sum(ti.nbytes for ti in infos)
+            report, done = _reporter(progress, f.path, total), 0
+            for ti in infos:
+                t = tensors[ti.name]
+                for o in range(0, ti.nbytes, CHUNK):
+                    n = min(CHUNK, ti.nbytes - o)
+                    t.set(np.frombuffer(f._map, dtype=np.uint8, count=n, offset=ti.offset + o), o)
+                    done += n
+                    if report is not None:
+                        report(done, total)
+    except BaseException:
+        ctx.close()
+        raise
+    return tensors
+
+
+def _preview(v, limit: int = 8) -> str:
+    if isinstance(v, (list, np.ndarray)):
+        items = [repr(x) if isinstance(x, str) else str(x) for x in list(v[:limit])]
+        more = f", … ({len(v)} items)" if len(v) > limit else ""
+        return "[" + ", ".join(items) + more + "]"
+    s = repr(v) if isinstance(v, str) else str(v)
+    return s if len(s) <= 200 else s[:200] + "…"
+
+
+def html(f) -> str:
+    e = _html.escape
+    if f.closed:
+        return f"<p><b>GGUF</b> {e(f.path)} (closed)</p>"
+    rows = "".join(f"<tr><td>{e(k)}</td><td>{e(f.metadata_types[k])}</td>"
+                   f"<td>{e(_preview(v))}</td></tr>" for k, v in f.metadata.items())
+    trows = "".join(f"<tr><td>{e(t.name)}</td><td>{e(t.type)}</td><td>{e(str(list(t.shape)))}</td>"
+                    f"<td>{t.offset}</td><td>{t.nbytes}</td></tr>" for t in f.tensors[:200])
+    more = f"<p>… {len(f.tensors) - 200} more tensors</p>" if len(f.tensors) > 200 else ""
+    return (f"<div><p><b>GGUF v{f.version}</b> {e(f.path)}: {len(f.metadata)} keys, "
+            f"{len(f.tensors)} tensors, alignment {f.alignment}</p>"
+            "<table><tr><th>key</th><th>type</th><th>value</th></tr>" + rows + "</table>"
+            "<table><tr><th>tensor</th><th>type</th><th>shape</th><th>offset</th><th>bytes</th></tr>"
+            + trows + "</table>" + more + "</div>")

@@ -1,0 +1,309 @@
+"""GGUF files through ggml's own gguf API: read one, load its tensors onto a backend, write one.
+
+    import ggml_py as gg
+    with gg.gguf.read("model.gguf") as f:
+        f.metadata["general.architecture"]          # key -> Python value
+        f.metadata_types["tokenizer.ggml.tokens"]   # 'arr[str]': the GGUF value type
+        [(t.name, t.shape, t.type) for t in f.tensors]
+        weights = f.load(gg.device("CPU").backend())   # {name: Tensor}; zero copy on CPU
+    gg.gguf.write("out.gguf", {"general.name": "demo"}, {"w": np.ones((2, 3), np.float32)})
+
+Every file is walked in Python first (:mod:`ggml_py._gguf_check`), then parsed by ggml from the
+same memory map: a damaged or hostile file raises :class:`GGUFError` naming the file and what is
+wrong, never reaches a ggml code path that could abort, and never allocates more than it holds.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _gguf_check as chk
+from ._handle import Owned
+from ._loader import ffi, lib
+from .errors import ClosedError, GGMLError
+
+__all__ = ["read", "write", "GGUFFile", "TensorInfo", "GGUFError", "VALUE_TYPES"]
+
+
+class GGUFError(GGMLError, ValueError):
+    """A file that is not a GGUF file ggml can read: the message names the file and the fault."""
+
+
+#: GGUF value type names (``gguf_type_name``), arrays written ``arr[<element type>]``
+VALUE_TYPES = ("u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "u64", "i64", "f64")
+_NP = {"u8": np.uint8, "i8": np.int8, "u16": np.uint16, "i16": np.int16, "u32": np.uint32,
+       "i32": np.int32, "f32": np.float32, "bool": np.bool_, "u64": np.uint64,
+       "i64": np.int64, "f64": np.float64}
+
+
+def _traits() -> dict:
+    import ggml_py as gg
+    out = {}
+    for t in gg.TYPES.values():
+        if t.block_size > 0:
+            out[int(t)] = (t.name, t.block_size, t.type_size)
+    return out
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A tensor as the file describes it. ``shape`` is numpy order (slowest axis first), as
+    stored (ggml's trailing 1s kept); ``offset`` is the absolute file offset of its data."""
+    name: str
+    shape: tuple
+    type: str
+    offset: int
+    nbytes: int
+
+    @property
+    def ggml_type(self):
+        import ggml_py as gg
+        return gg.TYPES[self.type]
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+_log_lock = threading.Lock()
+_log_lines: list[str] | None = None
+
+
+@ffi.callback("void(enum ggml_log_level, const char *, void *)")
+def _capture_log(level, text, user_data):
+    # kept for the life of the process: a callback another thread restored late stays valid
+    if _log_lines is not None and text != ffi.NULL:
+        _log_lines.append(ffi.string(text).decode("utf-8", "replace"))
+    elif text != ffi.NULL:
+        sys.stderr.write(ffi.string(text).decode("utf-8", "replace"))
+
+
+def _ggml_parse(ptr, size: int):
+    """gguf_init_from_buffer with ggml's log captured: (context or NULL, log text)."""
+    global _log_lines
+    params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
+    with _log_lock:
+        old_cb, old_ud = ffi.new("ggml_log_callback *"), ffi.new("void **")
+        lib.ggml_log_get(old_cb, old_ud)
+        _log_lines = []
+        lib.ggml_log_set(_capture_log, ffi.NULL)
+        try:
+            raw = lib.gguf_init_from_buffer(ptr, size, params[0])
+        finally:
+            lib.ggml_log_set(old_cb[0], old_ud[0])
+            lines, _log_lines = _log_lines, None
+    return raw, "".join(lines).strip()
+
+
+#: arrays longer than this are read from ggml when first used (a vocabulary's 100k+ strings)
+LAZY = 1024
+
+
+class Metadata(Mapping):
+    """A GGUF file's key -> value, in file order. Scalars and short arrays are read when the
+    file is opened, long arrays (vocabularies) on first use: read them before closing the
+    file, or take ``dict(f.metadata)``."""
+
+    def __init__(self, owner, values: dict, pending: dict):
+        self._owner, self._values, self._pending = owner, values, pending
+        self._order = [k for k in owner.metadata_types]
+
+    def __getitem__(self, key):
+        try:
+            return self._values[key]
+        except KeyError:
+            if key not in self._pending:
+                raise
+        i, span = self._pending[key]
+        if self._owner.closed:
+            raise ClosedError(f"{self._owner.path}: {key!r} was not read before the file was "
+                              "closed (take dict(f.metadata) while it is open)")
+        v = self._values[key] = _value(self._owner.ptr, i, span, self._owner._map)
+        del self._pending[key]
+        return v
+
+    def __iter__(self):
+        return iter(self._order)
+
+    def __len__(self):
+        return len(self._order)
+
+    def __contains__(self, key):
+        return key in self._values or key in self._pending
+
+    def __repr__(self):
+        def show(k):
+            if k in self._values:
+                return repr(self._values[k])
+            return f"<{self._owner.metadata_types[k]} x {self._pending[k][1].n}, not read yet>"
+        return "{" + ", ".join(f"{k!r}: {show(k)}" for k in self._order) + "}"
+
+
+class GGUFFile(Owned):
+    """An open GGUF file (from :func:`read`): ``metadata``, ``metadata_types``, ``tensors``,
+    ``version``, ``alignment``, ``data_offset``; :meth:`load` puts tensors on a backend.
+    Owns ggml's ``gguf_context`` and a private memory map of the file: ``close()`` (or
+    ``with``) frees both; tensors loaded without a copy keep the mapping alive on their own."""
+
+    _kind = "GGUF file"
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        with open(self.path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size < 24:
+                raise self._error(f"truncated: {size} bytes, a GGUF header takes 24")
+            # copy-on-write: tensors placed on these pages may be written without touching the file
+            self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+        try:
+            with memoryview(self._map) as view:
+                layout = chk.scan(view, size, _traits(), int(lib.GGML_MAX_NAME),
+                                  int(lib.GGML_MAX_DIMS), int(lib.GGUF_VERSION))
+        except chk.Malformed as e:
+            self._map.close()
+            raise self._error(str(e)) from None
+        with ffi.from_buffer("void *", self._map) as ptr:
+            raw, log = _ggml_parse(ptr, size)
+        if raw == ffi.NULL:
+            self._map.close()
+            raise self._error("ggml's parser refused it" + (f": {log}" if log else ""))
+        super().__init__(raw, lib.gguf_free)
+        try:
+            self._read(raw, layout)
+        except BaseException:
+            self.close()
+            raise
+        self.size = size
+
+    def _error(self, what: str) -> GGUFError:
+        return GGUFError(f"{self.path}: {what}")
+
+    def _read(self, raw, layout) -> None:
+        self.version = int(lib.gguf_get_version(raw))
+        self.alignment = int(lib.gguf_get_alignment(raw))
+        self.data_offset = int(lib.gguf_get_data_offset(raw))
+        if (self.version, self.alignment, self.data_offset) != \
+                (layout.version, layout.alignment, layout.data_offset):
+            raise self._error("ggml and ggml_py's check disagree on the header")
+        n_kv = int(lib.gguf_get_n_kv(raw))
+        if n_kv != len(layout.kvs):
+            raise self._error(f"ggml read {n_kv} keys, the check {len(layout.kvs)}")
+        self.metadata_types = {}
+        values, pending = {}, {}
+        for i, span in enumerate(layout.kvs):
+            if ffi.string(lib.gguf_get_key(raw, i)).decode("utf-8", "surrogateescape") != span.key \
+                    or int(lib.gguf_get_kv_type(raw, i)) != span.type:
+                raise self._error(f"ggml and the check disagree on key {i} ({span.key!r})")
+            et = chk.VALUE_TYPES[span.elem_type][0]
+            self.metadata_types[span.key] = f"arr[{et}]" if span.type == chk.T_ARR else et
+            if span.n > LAZY:
+                pending[span.key] = (i, span)
+            else:
+                values[span.key] = _value(raw, i, span, self._map)
+        self.metadata = Metadata(self, values, pending)
+        if int(lib.gguf_get_n_tensors(raw)) != len(layout.tensors):
+            raise self._error("ggml and the check disagree on the tensor count")
+        self.tensors = []
+        traits = _traits()
+        for i, ts in enumerate(layout.tensors):
+            ne = tuple(lib.gguf_get_tensor_ne(raw, i)[0:4])
+            if (ffi.string(lib.gguf_get_tensor_name(raw, i)).decode("utf-8", "surrogateescape"),
+                    int(lib.gguf_get_tensor_type(raw, i)), ne, int(lib.gguf_get_tensor_offset(raw, i)),
+                    int(lib.gguf_get_tensor_size(raw, i))) != \
+                    (ts.name, ts.type, ts.ne, ts.offset, ts.nbytes):
+                raise self._error(f"ggml and the check disagree on tensor {ts.name!r}")
+            self.tensors.append(TensorInfo(ts.name, tuple(reversed(ts.ne[:ts.n_dims])),
+                                           traits[ts.type][0], self.data_offset + ts.offset,
+                                           ts.nbytes))
+
+    def close(self) -> None:
+        """Free ggml's context and the mapping (kept while loaded tensors still use it)."""
+        super().close()
+        m, self._map = getattr(self, "_map", None), None
+        if m is not None:
+            try:
+                m.close()
+            except BufferError:
+                pass    # tensors loaded without a copy still use it: it goes with them
+
+    def __getitem__(self, key: str):
+        return self.metadata[key]
+
+    def load(self, target, names=None, *, progress="auto") -> dict:
+        """Put tensors (all, or those in `names`) on `target`: a Backend, Device or
+        BufferType. Returns ``{name: Tensor}``. Host memory that can wrap a pointer (the
+        CPU) uses the file's mapped bytes without a copy where every tensor is aligned as the
+        buffer type needs; other devices get one buffer, filled in chunks. `progress`: True
+        prints a line to stderr, a callable gets ``(bytes_done, bytes_total)``, "auto" prints
+        for uploads over 256 MiB."""
+        from ._gguf_load import load
+        self.ptr   # refuse a closed file
+        return load(self, target, names, progress)
+
+    def __repr__(self):
+        if self.closed:
+            return f"<GGUFFile {self.path!r} closed>"
+        return (f"<GGUFFile {self.path!r} v{self.version} {len(self.metadata)} keys "
+                f"{len(self.tensors)} tensors>")
+
+    def _repr_html_(self):
+        from ._gguf_load import html
+        return html(self)
+
+
+def _value(raw, i: int, span, mapped):
+    """The value of key `i` through ggml's getters (the file's bytes only for strings with a
+    NUL inside, where ggml's C string stops early)."""
+    et = chk.VALUE_TYPES[span.elem_type][0]
+    if span.type != chk.T_ARR:
+        if et == "str":
+            s = ffi.string(lib.gguf_get_val_str(raw, i))
+            if len(s) != span.end - span.start - 8:     # a NUL inside: ggml's C string stops there
+                s = mapped[span.start + 8:span.end]
+            return s.decode("utf-8", "surrogateescape")
+        v = getattr(lib, f"gguf_get_val_{et}")(raw, i)
+        return v if et != "bool" else bool(v)
+    n = int(lib.gguf_get_arr_n(raw, i))
+    if et == "str":
+        get, string = lib.gguf_get_arr_str, ffi.string
+        out = [string(get(raw, i, j)) for j in range(n)]
+        if sum(map(len, out)) != span.end - span.start - 8 * n:   # a NUL inside a string
+            out, pos = [], span.start
+            for _ in range(n):
+                ln = int.from_bytes(mapped[pos:pos + 8], "little")
+                out.append(mapped[pos + 8:pos + 8 + ln])
+                pos += 8 + ln
+        return [s.decode("utf-8", "surrogateescape") for s in out]
+    dt = np.dtype(_NP[et])
+    if n == 0:
+        return np.empty(0, dt)
+    data = ffi.buffer(lib.gguf_get_arr_data(raw, i), n * dt.itemsize)
+    if et == "bool":
+        return np.frombuffer(data, dtype=np.uint8) != 0
+    return np.frombuffer(data, dtype=dt).copy()
+
+
+def read(path) -> GGUFFile:
+    """Open a GGUF file: metadata and tensor infos read through ggml's gguf API.
+    Raises :class:`GGUFError` for a damaged or malformed file, ``OSError`` when it cannot be
+    opened."""
+    return GGUFFile(path)
+
+
+def write(path, metadata=None, tensors=None, *, types=None) -> None:
+    """Write a GGUF file with ggml's gguf API (metadata and layout) and the tensors' bytes.
+
+    `metadata`: key -> value; Python ``int`` is written as i32 (i64/u64 when it does not fit),
+    ``float`` as f32, ``str``, ``bool``, numpy scalars and 1-D arrays by their dtype, lists of
+    one of those as arrays; `types` (key -> "u64", "arr[i32]", ... as in ``metadata_types``)
+    overrides. ``general.alignment`` sets the alignment (a power of 2, u32).
+    `tensors`: name -> numpy array (f32, f16, f64, i8..i64), ggml_py Tensor (any type; its
+    bytes are read from its device), or ``(ggml type, shape, uint8 bytes)`` for raw (e.g.
+    quantized) data; also a list of (name, value) pairs. The file appears whole or not at all.
+    """
+    from ._gguf_write import write as _write
+    _write(path, metadata or {}, tensors or {}, types or {})
