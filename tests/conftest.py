@@ -23,11 +23,16 @@ def needs_release(release: str, feature: str):
                                                      f"(this build is {gg.ggml_version()})")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def rpc_servers():
+    """Two ggml RPC servers for the session, started before any test (autouse), so their
+    devices are RPC0 and RPC1 whatever order the tests run in (tests that register servers
+    of their own get later names)."""
     servers = [gg.rpc.serve() for _ in range(N_RPC)]
     for s in servers:
-        gg.rpc.connect(s.endpoint)
+        # each server's device, found by its endpoint: other tests may have registered
+        # servers of their own first, so the names RPC0/RPC1 are not ours to assume
+        s.device = gg.rpc.connect(s.endpoint).devices[0]
     yield servers
     for s in servers:
         s.close()
@@ -37,13 +42,13 @@ def _local_names():
     return [d.name for d in gg.devices()]
 
 
-DEVICE_NAMES = _local_names() + [f"RPC{i}" for i in range(N_RPC)]
+DEVICE_NAMES = _local_names() + [f"RPC{i}" for i in range(N_RPC)]   # the session's servers
 
 
 @pytest.fixture(params=DEVICE_NAMES)
 def dev(request, rpc_servers):
     """Every available device: the local ones (CPU, and CUDA/Metal/Vulkan where built) and
-    two RPC devices."""
+    two RPC devices (those of the session's servers)."""
     return gg.device(request.param)
 
 
@@ -54,7 +59,7 @@ def cpu():
 
 @pytest.fixture
 def rpc_devs(rpc_servers):
-    return [gg.device(f"RPC{i}") for i in range(N_RPC)]
+    return [s.device for s in rpc_servers]
 
 
 @pytest.fixture
