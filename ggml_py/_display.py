@@ -13,6 +13,8 @@ tensor without memory or a server that went away is said in words instead.
 """
 from __future__ import annotations
 
+from typing import Any, Iterable, Sequence
+
 import numpy as np
 
 from ._display_graph import (PALETTE, _backend_labels, _clip, _e, _last_graph, _safe,
@@ -28,10 +30,11 @@ _TD = "padding:2px 8px;border-bottom:1px solid #ddd;text-align:left;vertical-ali
 def _size(n: int | None) -> str:
     if n is None:
         return "?"
+    value = float(n)
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{n} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
     return str(n)
 
 
@@ -39,7 +42,7 @@ def _max_size(n: int) -> str:
     return "no limit" if n >= (1 << 62) else _size(n)     # ggml says SIZE_MAX for none
 
 
-def _table(rows, header=None) -> str:
+def _table(rows: Iterable[Sequence[str]], header: Sequence[str] | None = None) -> str:
     out = [f'<table style="{_BOX}">']
     if header:
         out.append("<tr>" + "".join(f'<th style="{_TD};border-bottom:2px solid #999">{_e(h)}</th>'
@@ -65,7 +68,7 @@ def _title(kind: str, name: str, extra: str = "") -> str:
 
 # -- devices ---------------------------------------------------------------------------------
 
-def _memory_bar(mem, width: int = 160) -> str:
+def _memory_bar(mem: tuple[int, int] | None, width: int = 160) -> str:
     if not mem or not mem[1]:
         return '<span style="color:#888">memory not reported</span>'
     free, total = mem
@@ -78,14 +81,14 @@ def _memory_bar(mem, width: int = 160) -> str:
             f'{_e(_size(free))} free of {_e(_size(total))}</span>')
 
 
-def _caps(dev) -> str:
+def _caps(dev: Any) -> str:
     caps = _safe(lambda: dev.caps)
     if caps is None:
         return '<span style="color:#888">unknown</span>'
     return "".join(_badge(k.rstrip("_"), bool(v)) for k, v in caps._asdict().items())
 
 
-def device_repr(dev) -> str:
+def device_repr(dev: Any) -> str:
     """One line: name, type, description, free memory, the capabilities that are on."""
     name = _safe(lambda: dev.name, "?")
     head = f"<Device {name} ({_safe(lambda: dev.type, '?')}) {_safe(lambda: dev.description, '')!r}"
@@ -101,7 +104,7 @@ def device_repr(dev) -> str:
     return head + ">"
 
 
-def device_html(dev) -> str:
+def device_html(dev: Any) -> str:
     """A device: name, type, description, a memory bar, caps and its buffer types."""
     name = _safe(lambda: dev.name, "?")
     desc = _safe(lambda: dev.description, "")
@@ -116,7 +119,7 @@ def device_html(dev) -> str:
     return "<div>" + "".join(parts) + "</div>"
 
 
-def devices_html(devices=None) -> str:
+def devices_html(devices: Iterable[Any] | None = None) -> str:
     """A table of devices (every device of ``gg.devices()`` when `devices` is None)."""
     if devices is None:
         from . import devices as all_devices
@@ -132,7 +135,7 @@ def devices_html(devices=None) -> str:
 
 # -- buffers ---------------------------------------------------------------------------------
 
-def buffer_html(buf) -> str:
+def buffer_html(buf: Any) -> str:
     """A buffer: name, size, usage, host or device memory, its buffer type and device."""
     if _safe(lambda: buf.closed, True):
         return _title("Buffer", "", "closed")
@@ -149,14 +152,14 @@ def buffer_html(buf) -> str:
 
 # -- tensors ---------------------------------------------------------------------------------
 
-def _where(t) -> str | None:
+def _where(t: Any) -> str | None:
     buf = _safe(lambda: t.buffer)
     if buf is None:
         return None
     return _safe(lambda: buf.buffer_type.name) or _safe(lambda: buf.name) or "?"
 
 
-def _values(t) -> tuple[np.ndarray | None, str]:
+def _values(t: Any) -> tuple[np.ndarray[Any, Any] | None, str]:
     """(values, why not) for a tensor: plain host memory is read in place (a view: printing
     reads only the elements shown), device memory fetched and quantized data dequantized
     when small enough."""
@@ -177,16 +180,16 @@ def _values(t) -> tuple[np.ndarray | None, str]:
         return None, f"values unavailable: {e}"
 
 
-def _preview(a: np.ndarray) -> str:
+def _preview(a: np.ndarray[Any, Any]) -> str:
     with np.printoptions(threshold=120, edgeitems=3, precision=4, linewidth=88):
         return np.array2string(a, separator=" ")
 
 
-def _strides(t) -> tuple[int, ...]:
+def _strides(t: Any) -> tuple[int, ...]:
     return tuple(reversed(t.nb[: t.ndim]))
 
 
-def tensor_repr(t) -> str:
+def tensor_repr(t: Any) -> str:
     """``<Tensor 'x' f32 (2, 3) on CPU>`` and, for host memory, the values as numpy prints them."""
     try:
         name = t.name
@@ -204,7 +207,7 @@ def tensor_repr(t) -> str:
         return "<Tensor (context closed)>"
 
 
-def tensor_html(t) -> str:
+def tensor_html(t: Any) -> str:
     """A tensor: shape, type, where it lives, strides, and a preview of its values (read in
     place from host memory, fetched from a device when small)."""
     try:
@@ -238,7 +241,7 @@ def tensor_html(t) -> str:
 # -- graphs ----------------------------------------------------------------------------------
 
 
-def scheduler_html(sched, graph=None) -> str:
+def scheduler_html(sched: Any, graph: Any = None) -> str:
     """A scheduler: its backends with their compute buffers, ggml's split and copy counts,
     and, for the graph it placed (`graph`, or ``sched.graph``), the splits in order and the
     graph coloured by backend."""
@@ -275,7 +278,7 @@ def scheduler_html(sched, graph=None) -> str:
 
 # -- GGUF ------------------------------------------------------------------------------------
 
-def _short(value, n: int = 80) -> str:
+def _short(value: Any, n: int = 80) -> str:
     if isinstance(value, np.ndarray):
         text = f"{value.dtype}[{value.size}]: " + np.array2string(
             value.ravel()[:8], separator=", ", threshold=8) + (" \u2026" if value.size > 8 else "")
@@ -289,7 +292,7 @@ def _short(value, n: int = 80) -> str:
     return _clip(text, n)
 
 
-def gguf_html(f, max_rows: int = 200) -> str:
+def gguf_html(f: Any, max_rows: int = 200) -> str:
     """A GGUF file: version, alignment, a metadata table and a tensor table (the first
     `max_rows` of each)."""
     if getattr(f, "closed", False):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import itertools
+from typing import Any, Callable, TypeVar
 
 from ._loader import ffi
 from .errors import GGMLError
@@ -22,13 +23,15 @@ FILLS = ["#dce6f2", "#fde5cc", "#dcefd8", "#f9d9da", "#e0f1ef", "#ece0ea", "#fbf
          "#ebe2dc", "#ffe9ed", "#eeebea"]
 VIEW_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
 _ids = itertools.count()
+_T = TypeVar("_T")
+Edge = tuple[int, int]
 
 
-def _e(x) -> str:
+def _e(x: object) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _safe(fn, default=None):
+def _safe(fn: Callable[[], Any], default: Any = None) -> Any:
     """fn() or `default` when the object cannot answer (closed, server gone)."""
     try:
         return fn()
@@ -36,18 +39,18 @@ def _safe(fn, default=None):
         return default
 
 
-def _addr(raw) -> int:
+def _addr(raw: Any) -> int:
     return int(ffi.cast("uintptr_t", raw))
 
 
-def _sources(t, by_addr: dict) -> list:
+def _sources(t: Any, by_addr: dict[int, Any]) -> list[Any]:
     """The operands of `t` among the tensors in `by_addr` (address -> Tensor), read from
     the raw tensor: after a scheduler split the graph, some operands are its own copies,
     which only the graph's walk knows."""
     return [by_addr[_addr(s)] for s in t.ptr.src if s != ffi.NULL and _addr(s) in by_addr]
 
 
-def _label(t, is_node: bool) -> list[str]:
+def _label(t: Any, is_node: bool) -> list[str]:
     shape = "\u00d7".join(str(s) for s in t.shape)
     typed = f"{t.type.name} [{shape}]"
     if is_node:
@@ -61,10 +64,11 @@ def _clip(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 1] + "\u2026"
 
 
-def _backend_labels(scheduler) -> dict:
+def _backend_labels(scheduler: Any) -> dict[str, str]:
     """backend name -> a short label: the device's name (RPC backends are named after
     their server's address), numbered when two backends share a device."""
-    labels, seen = {}, {}
+    labels: dict[str, str] = {}
+    seen: dict[str, int] = {}
     for b in scheduler.backends:
         dev = _safe(lambda: b.device.name) or b.name
         seen[dev] = seen.get(dev, 0) + 1
@@ -72,10 +76,10 @@ def _backend_labels(scheduler) -> dict:
     return labels
 
 
-def _copy_of(t, labels) -> tuple[str, str] | None:
+def _copy_of(t: Any, labels: dict[str, str]) -> tuple[str, str] | None:
     """(backend label, source name) when `t` is a copy ggml's scheduler made: it names them
     ``<backend>#<source>#<n>`` and points the nodes of a split at them."""
-    name = t.name
+    name: str = t.name
     for bname, label in labels.items():
         if name.startswith(bname + "#"):
             src, _, n = name[len(bname) + 1:].rpartition("#")
@@ -84,7 +88,8 @@ def _copy_of(t, labels) -> tuple[str, str] | None:
     return None
 
 
-def _placement(graph, scheduler):
+def _placement(graph: Any, scheduler: Any
+               ) -> tuple[dict[Any, str], list[str], dict[Any, str]]:
     """({tensor: backend label} as the scheduler placed them, [labels], {copy: source name});
     empty when no scheduler placed the graph."""
     if scheduler is None:
@@ -95,7 +100,8 @@ def _placement(graph, scheduler):
     if scheduler is None or _safe(lambda: scheduler.closed, True):
         return {}, [], {}
     labels = _backend_labels(scheduler)
-    placed, copies = {}, {}
+    placed: dict[Any, str] = {}
+    copies: dict[Any, str] = {}
     for t in graph.nodes + graph.leafs:
         copy = _copy_of(t, labels)
         if copy is not None:
@@ -107,12 +113,13 @@ def _placement(graph, scheduler):
     return placed, (list(labels.values()) if placed else []), copies
 
 
-def _layers(n_nodes: int, n_all: int, edges, copied) -> dict:
+def _layers(n_nodes: int, n_all: int, edges: list[Edge], copied: dict[int, str]
+            ) -> dict[int, int]:
     """Rows of vertices 0..n_all-1 (nodes first, in ggml's dependency order, then leafs):
     nodes by longest path from the inputs (a scheduler's copy right below its source, before
     its first consumer); each other input right above its first consumer."""
-    preds = {v: [] for v in range(n_all)}
-    succs = {v: [] for v in range(n_all)}
+    preds: dict[int, list[int]] = {v: [] for v in range(n_all)}
+    succs: dict[int, list[int]] = {v: [] for v in range(n_all)}
     for s, d in edges:
         preds[d].append(s)
         succs[s].append(d)
@@ -132,7 +139,8 @@ def _layers(n_nodes: int, n_all: int, edges, copied) -> dict:
     return layer
 
 
-def _copy_sources(copies, placed, names) -> dict:
+def _copy_sources(copies: dict[int, str], placed: dict[int, str], names: list[str]
+                  ) -> dict[int, int]:
     """{copy: its source} (vertex ids) where the source's name and backend tell it apart."""
     found = {}
     for c, src in copies.items():
@@ -143,7 +151,8 @@ def _copy_sources(copies, placed, names) -> dict:
     return found
 
 
-def _order(rows, up, down, sweeps: int = 4):
+def _order(rows: list[list[int]], up: dict[int, list[int]], down: dict[int, list[int]],
+           sweeps: int = 4) -> list[list[int]]:
     """Barycenter ordering of each row, sweeping down then up (fewer crossings)."""
     pos = {v: i for row in rows for i, v in enumerate(row)}
     for _ in range(sweeps):
@@ -158,7 +167,8 @@ def _order(rows, up, down, sweeps: int = 4):
     return rows
 
 
-def _place_x(rows, width, up, down, gap: float = 22.0, sweeps: int = 4):
+def _place_x(rows: list[list[int]], width: dict[int, float], up: dict[int, list[int]],
+             down: dict[int, list[int]], gap: float = 22.0, sweeps: int = 4) -> dict[int, float]:
     """x centres: each vertex pulled toward its neighbours' mean, rows kept in order with
     room between boxes (left-to-right and right-to-left packing, averaged)."""
     x = {}
@@ -185,7 +195,7 @@ def _place_x(rows, width, up, down, gap: float = 22.0, sweeps: int = 4):
     return x
 
 
-def graph_svg(graph, scheduler=None) -> str:
+def graph_svg(graph: Any, scheduler: Any = None) -> str:
     """The graph as an SVG picture: inputs above the ops that use them, arrows from sources
     to results, edges routed between the rows of boxes (never through one), output boxes
     drawn bold. With a scheduler that placed the graph (`scheduler`, or ``graph.scheduler``),
@@ -196,7 +206,7 @@ def graph_svg(graph, scheduler=None) -> str:
         return _svg_message(f"graph unavailable: {e}")
 
 
-def _graph_svg(graph, scheduler) -> str:
+def _graph_svg(graph: Any, scheduler: Any) -> str:
     nodes, leafs = graph.nodes, graph.leafs
     if len(nodes) + len(leafs) > DRAW_LIMIT:
         return _svg_message(f"a graph of {len(nodes)} nodes and {len(leafs)} inputs: too large "
@@ -226,7 +236,9 @@ def _graph_svg(graph, scheduler) -> str:
              for v in range(n_all)}
 
     # long edges pass through one small placeholder per row they cross
-    up, down, chains = {}, {}, []
+    up: dict[int, list[int]] = {}
+    down: dict[int, list[int]] = {}
+    chains: list[list[int]] = []
     dummies = itertools.count(n_all)
     for s, d in edges:
         chain = [s]
@@ -236,11 +248,11 @@ def _graph_svg(graph, scheduler) -> str:
             chain.append(v)
         chain.append(d)
         chains.append(chain)
-        for a, b in zip(chain, chain[1:]):
-            up.setdefault(b, []).append(a)
-            down.setdefault(a, []).append(b)
+        for upper, lower in zip(chain, chain[1:]):
+            up.setdefault(lower, []).append(upper)
+            down.setdefault(upper, []).append(lower)
     n_rows = max(layer.values(), default=-1) + 1
-    rows = [[] for _ in range(n_rows)]
+    rows: list[list[int]] = [[] for _ in range(n_rows)]
     for v in list(range(n_nodes, n_all)) + list(range(n_nodes)):
         rows[layer[v]].append(v)
     for chain in chains:
@@ -264,14 +276,15 @@ def _graph_svg(graph, scheduler) -> str:
            f'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
            f'fill="#555"/></marker></defs>',
            '<rect width="100%" height="100%" fill="white"/>']
-    for i, b in enumerate(backends):
+    for i, name in enumerate(backends):
         lx = margin + i * 130
         out.append(f'<rect x="{lx}" y="{margin - 6}" width="14" height="12" rx="2" '
-                   f'fill="{FILLS[color[b]]}" stroke="{PALETTE[color[b]]}" stroke-width="2"/>'
-                   f'<text x="{lx + 20}" y="{margin + 4}">{_e(_clip(b, 15))}</text>')
+                   f'fill="{FILLS[color[name]]}" stroke="{PALETTE[color[name]]}" stroke-width="2"/>'
+                   f'<text x="{lx + 20}" y="{margin + 4}">{_e(_clip(name, 15))}</text>')
 
     # edges: enter each box at its own spot along the top, in the order of the sources' x
-    entry, into = {}, {}
+    entry: dict[int, float] = {}
+    into: dict[int, list[list[int]]] = {}
     for c in chains:
         into.setdefault(c[-1], []).append(c)
     for d, ins in into.items():
@@ -300,14 +313,14 @@ def _graph_svg(graph, scheduler) -> str:
         out.append(f'<path d="{" ".join(path)}" fill="none" {style} marker-end="url(#{mid})"/>')
 
     for t in range(n_all):
-        b = placed.get(t)
-        if b is not None:
-            fill, stroke = FILLS[color[b]], PALETTE[color[b]]
+        where = placed.get(t)
+        if where is not None:
+            fill, stroke = FILLS[color[where]], PALETTE[color[where]]
         else:
             fill, stroke = ("#dbe9ff", "#446") if is_node[t] else ("#e8f5d8", "#464")
         bold = t in outputs
         left = x[t] - width[t] / 2
-        tip = f"{' / '.join(labels[t])}" + (f" on {b}" if b else "")
+        tip = f"{' / '.join(labels[t])}" + (f" on {where}" if where else "")
         dash = ' stroke-dasharray="4 3"' if t in copies else ""
         out.append(f'<g><title>{_e(tip)}</title><rect x="{left:.1f}" y="{y[t]:.1f}" '
                    f'width="{width[t]:.1f}" height="{box_h}" rx="{4 if is_node[t] else 12}" '
@@ -315,10 +328,10 @@ def _graph_svg(graph, scheduler) -> str:
         lines = labels[t]
         n_chars = int((width[t] - 10) / char_w)
         y0 = y[t] + (15 if len(lines) == 3 else 20)
-        for i, s in enumerate(lines):
+        for i, line in enumerate(lines):
             weight = ' font-weight="bold"' if i == 0 else ' fill="#444"'
             out.append(f'<text x="{x[t]:.1f}" y="{y0 + i * 13:.1f}" text-anchor="middle"'
-                       f'{weight}>{_e(_clip(s, n_chars))}</text>')
+                       f'{weight}>{_e(_clip(line, n_chars))}</text>')
         out.append("</g>")
     out.append("</svg>")
     return "\n".join(out)
@@ -332,7 +345,7 @@ def _svg_message(text: str) -> str:
 
 # -- scheduler -------------------------------------------------------------------------------
 
-def splits(sched, graph) -> list[dict]:
+def splits(sched: Any, graph: Any) -> list[dict[str, Any]]:
     """The graph's nodes grouped as the scheduler runs them, following ggml's rules: a split
     is a run of consecutive nodes on one backend (view ops go with the run they sit in),
     and a new split starts where a node needs a weight copied from another backend after
@@ -375,7 +388,7 @@ def splits(sched, graph) -> list[dict]:
     return out
 
 
-def _last_graph(sched):
+def _last_graph(sched: Any) -> Any:
     """The graph the scheduler placed last: ``sched.graph`` where the class offers it, else
     the newest entry of its books of placed graphs (read only), else None."""
     graph = getattr(sched, "graph", None)

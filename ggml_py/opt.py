@@ -21,13 +21,17 @@ any graph over them computes with them.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 import numpy as np
 
 from ._handle import Owned
 from ._loader import ffi, lib
 from .errors import GGMLError, check, require
+
+if TYPE_CHECKING:
+    from ._backend import Backend
+    from ._tensor import Tensor
 
 # (releases before ggml-opt.h, or before SGD, lack some of these: what is missing is refused)
 LOSSES = {k: getattr(lib, f"GGML_OPT_LOSS_TYPE_{v}") for k, v in
@@ -40,7 +44,7 @@ GRAPH_SIZE = int(lib.GGML_DEFAULT_GRAPH_SIZE)   # ggml-opt's graphs have this ma
 
 def _require_opt() -> None:
     from .errors import UnsupportedError
-    require(hasattr(lib, "ggml_opt_init") and LOSSES,
+    require(hasattr(lib, "ggml_opt_init") and bool(LOSSES),
             "this ggml release has no ggml-opt (training needs a newer build)", UnsupportedError)
 
 
@@ -60,7 +64,7 @@ class Dataset(Owned):
 
     _kind = "dataset"
 
-    def __init__(self, data, labels=None, *, shard: int = 1):
+    def __init__(self, data: Any, labels: Any = None, *, shard: int = 1) -> None:
         _require_opt()
         data = _rows(data, "data")
         if labels is not None:
@@ -91,13 +95,13 @@ class Dataset(Owned):
     def __len__(self) -> int:
         return self.ndata
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<Dataset closed>" if self.closed else \
             f"<Dataset {self.ndata} points x {self.n_features}, labels x {self.n_labels}>"
 
 
-def _rows(a, what: str) -> np.ndarray:
-    a = np.ascontiguousarray(a, dtype=np.float32)
+def _rows(data: Any, what: str) -> np.ndarray[Any, np.dtype[np.float32]]:
+    a: np.ndarray[Any, np.dtype[np.float32]] = np.ascontiguousarray(data, dtype=np.float32)
     require(a.ndim == 2 and a.shape[0] > 0 and a.shape[1] > 0,
             f"{what} must be a non-empty 2-D array (one row per data point), got shape {a.shape}")
     return a
@@ -123,10 +127,11 @@ class Optimizer(Owned):
 
     _kind = "optimizer"
 
-    def __init__(self, backends, inputs, outputs, params, *, loss: str = "cross_entropy",
+    def __init__(self, backends: Backend | Iterable[Backend], inputs: Tensor, outputs: Tensor,
+                 params: Iterable[Tensor], *, loss: str = "cross_entropy",
                  optimizer: str = "adamw", lr: float = 1e-3, beta1: float = 0.9,
                  beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
-                 opt_period: int = 1):
+                 opt_period: int = 1) -> None:
         from . import Backend, Scheduler, Tensor   # the package face (late: it imports us)
         _require_opt()
         backends = [backends] if isinstance(backends, Backend) else list(backends)
@@ -137,7 +142,7 @@ class Optimizer(Owned):
         params = list(params)
         require(isinstance(inputs, Tensor) and isinstance(outputs, Tensor),
                 "inputs and outputs must be Tensors")
-        require(params and all(isinstance(p, Tensor) for p in params),
+        require(bool(params) and all(isinstance(p, Tensor) for p in params),
                 "params must be a non-empty list of Tensors")
         require(inputs.data is not None,
                 "the inputs need memory before training (allocate their context first)")
@@ -236,12 +241,16 @@ class Optimizer(Owned):
         split = self._split(dataset, val_split, train=True)
         if shuffle and split:
             lib.ggml_opt_dataset_shuffle(self.ptr, dataset.ptr, split)
-        return self._run(dataset, split)
+        train, val = self._run(dataset, split)
+        assert train is not None      # split > 0: at least one batch trained
+        return train, val
 
     def evaluate(self, dataset: Dataset) -> Result:
         """Loss and accuracy of the current parameters on all of `dataset` (no step)."""
         self._split(dataset, 0.0, train=False)
-        return self._run(dataset, 0)[1]
+        result = self._run(dataset, 0)[1]
+        assert result is not None     # every point is evaluated
+        return result
 
     def reset(self, optimizer: bool = True) -> None:
         """Zero the accumulated gradients and, with `optimizer`, the AdamW moments."""
@@ -288,7 +297,7 @@ class Optimizer(Owned):
             self._sched.close()
             self._compute.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self.closed:
             return "<Optimizer closed>"
         return (f"<Optimizer {self._optimizer} lr={self.lr:g} loss={self.loss} batch={self.batch} "
@@ -303,7 +312,8 @@ BACKWARD_OPS = frozenset(
     "CROSS_ENTROPY_LOSS ABS SGN NEG STEP RELU SILU EXP".split())
 
 
-def gradients(loss, params, backend) -> list[np.ndarray]:
+def gradients(loss: Tensor, params: Iterable[Tensor],
+              backend: Backend) -> list[np.ndarray[Any, np.dtype[np.float32]]]:
     """d`loss`/d`param` for each of `params`, as ggml computes them: the forward graph of
     `loss` (a scalar f32 tensor), ``ggml_build_backward_expand``, one compute on `backend`.
     Tensors of the forward graph without memory get it for this computation only.
@@ -316,7 +326,7 @@ def gradients(loss, params, backend) -> list[np.ndarray]:
     require(isinstance(loss, Tensor) and loss.size == 1 and loss.type.name == "f32",
             "loss must be a scalar f32 tensor (gg.sum(...), gg.mean(...))")
     require(isinstance(backend, Backend), "backend must be a Backend")
-    require(params and all(isinstance(p, Tensor) for p in params),
+    require(bool(params) and all(isinstance(p, Tensor) for p in params),
             "params must be a non-empty list of Tensors")
     for p in params:
         require(p.type.name in ("f32", "f16") and p.data is not None,
@@ -367,7 +377,7 @@ def gradients(loss, params, backend) -> list[np.ndarray]:
         memory.close()
 
 
-def _result(raw) -> Result:
+def _result(raw: Any) -> Result:
     ndata = ffi.new("int64_t *")
     loss, loss_unc = ffi.new("double *"), ffi.new("double *")
     acc, acc_unc = ffi.new("double *"), ffi.new("double *")
@@ -378,7 +388,7 @@ def _result(raw) -> Result:
                   int(ndata[0]))
 
 
-def _backward_checked(out, params, what: str) -> list:
+def _backward_checked(out: Tensor, params: list[Tensor], what: str) -> list[Tensor]:
     """The tensors of `out`'s graph, after checking that ggml can differentiate it with
     respect to `params` (ggml_compute_backward aborts on any op it has no rule for)."""
     tensors, stack, seen = [], [out], set()
