@@ -389,10 +389,5 @@ def splits(sched: Any, graph: Any) -> list[dict[str, Any]]:
 
 
 def _last_graph(sched: Any) -> Any:
-    """The graph the scheduler placed last: ``sched.graph`` where the class offers it, else
-    the newest entry of its books of placed graphs (read only), else None."""
-    graph = getattr(sched, "graph", None)
-    if graph is None:
-        placed = getattr(sched, "_placed", None) or []
-        graph = placed[-1][0] if placed and isinstance(placed[-1], tuple) else None
-    return graph
+    """The graph the scheduler placed last (``Scheduler.graph``), None before any."""
+    return getattr(sched, "graph", None)
