@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 MAGIC = b"GGUF"
 MAX_STRING = 1 << 30          # GGUF_MAX_STRING_LENGTH in gguf.cpp
@@ -51,7 +52,7 @@ class KV:
 class TensorSpan:
     name: str
     n_dims: int
-    ne: tuple            # ggml order, padded with 1 to 4 entries
+    ne: tuple[int, ...]  # ggml order, padded with 1 to 4 entries
     type: int            # enum ggml_type
     offset: int          # relative to the data section
     nbytes: int
@@ -60,8 +61,8 @@ class TensorSpan:
 @dataclass(frozen=True)
 class Layout:
     version: int
-    kvs: list
-    tensors: list
+    kvs: list[KV]
+    tensors: list[TensorSpan]
     alignment: int
     data_offset: int     # file offset of the data section
     size: int            # file size
@@ -76,7 +77,7 @@ class _Walk:
 
     __slots__ = ("buf", "pos", "end")
 
-    def __init__(self, buf, size: int):
+    def __init__(self, buf: Any, size: int) -> None:
         self.buf, self.pos, self.end = buf, 0, size
 
     def need(self, n: int, what: str) -> None:
@@ -86,7 +87,7 @@ class _Walk:
 
     def fixed(self, st: struct.Struct, what: str) -> int:
         self.need(st.size, what)
-        v = st.unpack_from(self.buf, self.pos)[0]
+        v: int = st.unpack_from(self.buf, self.pos)[0]
         self.pos += st.size
         return v
 
@@ -128,7 +129,7 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-def scan(buf, size: int, traits: dict, max_name: int = 64, max_dims: int = 4,
+def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name: int = 64, max_dims: int = 4,
          max_version: int = 3) -> Layout:
     """Walk the GGUF structure in `buf` (`size` bytes). `traits`: ggml type id ->
     (name, block size, type size) for the types this release knows. Raises Malformed."""
@@ -196,7 +197,7 @@ def scan(buf, size: int, traits: dict, max_name: int = 64, max_dims: int = 4,
             if kv.type != T_U32:
                 name = "arr" if kv.type == T_ARR else VALUE_TYPES[kv.type][0]
                 raise Malformed(f"general.alignment must be of type u32, not {name}")
-            alignment = _U32.unpack_from(buf, kv.start)[0]
+            alignment = int(_U32.unpack_from(buf, kv.start)[0])
             if alignment == 0 or alignment & (alignment - 1):
                 raise Malformed(f"general.alignment {alignment} is not a power of 2")
 

@@ -3,19 +3,28 @@ file's notebook display."""
 from __future__ import annotations
 
 import html as _html
+import mmap
 import os
 import sys
+from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
 
 import numpy as np
 
 from ._loader import ffi, lib
-from .errors import GGMLError, InvalidArgument, NotFound
+from .errors import ClosedError, GGMLError, InvalidArgument, NotFound
+
+if TYPE_CHECKING:
+    from ._device import BufferType, Device
+    from ._tensor import Tensor
+    from .gguf import GGUFFile, TensorInfo
+
+Progress = Callable[[int, int], None]
 
 CHUNK = 64 << 20          # bytes per upload step
 AUTO_PROGRESS = 256 << 20  # "auto" prints for uploads at least this large
 
 
-def _buffer_type(target):
+def _buffer_type(target: Any) -> "tuple[BufferType, Device | None]":
     """(buffer type, device) of a load target. The device is found from the target, as
     ggml's CPU buffer type names no device."""
     import ggml_py as gg
@@ -32,22 +41,14 @@ def _buffer_type(target):
     raise InvalidArgument(f"load() takes a Backend, Device or BufferType, not {type(target).__name__}")
 
 
-def _keep_with(ctx, buf) -> None:
-    """Tie a buffer made outside ctx.alloc to the context whose tensors use it."""
-    keep = getattr(ctx, "keep", None)
-    if callable(keep):
-        keep(buf)
-    else:   # the seed's Context keeps its buffers in this list (as dlpack.py does)
-        ctx._buffers.append(buf)
-
-
-def _zero_copy(f, buft, dev, infos, tensors) -> bool:
+def _zero_copy(f: "GGUFFile", buft: "BufferType", dev: "Device | None",
+               infos: "list[TensorInfo]", tensors: "dict[str, Tensor]") -> bool:
     """Place the tensors on the file's mapped pages; False when that is not possible here."""
     if dev is None or not buft.is_host or not dev.caps.buffer_from_host_ptr \
             or buft != dev.buffer_type or f._map is None:
         return False
     align = dev.buffer_type.alignment
-    if any(ti.offset % align for ti in infos) or mmap_page_size() % align:
+    if any(ti.offset % align for ti in infos) or mmap.ALLOCATIONGRANULARITY % align:
         return False
     lo = min(ti.offset for ti in infos)
     hi = max(ti.offset + ti.nbytes for ti in infos)
@@ -58,8 +59,7 @@ def _zero_copy(f, buft, dev, infos, tensors) -> bool:
         buf = dev.buffer_from_host(pages)
     except GGMLError:
         return False
-    ctx = next(iter(tensors.values())).ctx
-    _keep_with(ctx, buf)
+    next(iter(tensors.values())).ctx.adopt(buf)   # the tensors' context keeps the mapping
     base = buf.base
     for ti in infos:
         t = tensors[ti.name]
@@ -68,18 +68,13 @@ def _zero_copy(f, buft, dev, infos, tensors) -> bool:
     return True
 
 
-def mmap_page_size() -> int:
-    import mmap
-    return mmap.ALLOCATIONGRANULARITY
-
-
-def _reporter(progress, path: str, total: int):
+def _reporter(progress: Any, path: str, total: int) -> Progress | None:
     if callable(progress):
-        return progress
+        return cast(Progress, progress)
     if progress is True or (progress == "auto" and total >= AUTO_PROGRESS):
         name = os.path.basename(path)
 
-        def show(done, total):
+        def show(done: int, total: int) -> None:
             sys.stderr.write(f"\rloading {name}: {done / 2**20:.0f}/{total / 2**20:.0f} MiB")
             if done >= total:
                 sys.stderr.write("\n")
@@ -88,7 +83,7 @@ def _reporter(progress, path: str, total: int):
     return None
 
 
-def load(f, target, names, progress) -> dict:
+def load(f: "GGUFFile", target: Any, names: Iterable[str] | None, progress: Any) -> "dict[str, Tensor]":
     import ggml_py as gg
     buft, dev = _buffer_type(target)
     by_name = {ti.name: ti for ti in f.tensors}
@@ -108,12 +103,15 @@ def load(f, target, names, progress) -> dict:
         if 0 in ti.shape:
             raise InvalidArgument(f"{f.path}: tensor {ti.name!r} has no elements {ti.shape}; "
                                   "ggml_py tensors have at least one")
+    mapped = f._map
+    if mapped is None:
+        raise ClosedError(f"{f.path}: the file is closed")
     if os.stat(f.path).st_size != f.size:
         # the mapping would fault on pages past a new end of file
         raise GGMLError(f"{f.path}: the file changed size since it was opened; open it again")
     ctx = gg.Context(capacity=len(infos) + 1)
     try:
-        tensors = {}
+        tensors: dict[str, Tensor] = {}
         for ti in infos:
             t = tensors[ti.name] = ctx.tensor(gg.TYPES[ti.type], ti.shape or (1,))
             # the name as the file has it (not always valid UTF-8; shorter than GGML_MAX_NAME)
@@ -126,7 +124,7 @@ def load(f, target, names, progress) -> dict:
                 t = tensors[ti.name]
                 for o in range(0, ti.nbytes, CHUNK):
                     n = min(CHUNK, ti.nbytes - o)
-                    t.set(np.frombuffer(f._map, dtype=np.uint8, count=n, offset=ti.offset + o), o)
+                    t.set(np.frombuffer(mapped, dtype=np.uint8, count=n, offset=ti.offset + o), o)
                     done += n
                     if report is not None:
                         report(done, total)
@@ -136,7 +134,7 @@ def load(f, target, names, progress) -> dict:
     return tensors
 
 
-def _preview(v, limit: int = 8) -> str:
+def _preview(v: Any, limit: int = 8) -> str:
     if isinstance(v, (list, np.ndarray)):
         items = [repr(x) if isinstance(x, str) else str(x) for x in list(v[:limit])]
         more = f", … ({len(v)} items)" if len(v) > limit else ""
@@ -145,7 +143,7 @@ def _preview(v, limit: int = 8) -> str:
     return s if len(s) <= 200 else s[:200] + "…"
 
 
-def html(f) -> str:
+def html(f: "GGUFFile") -> str:
     e = _html.escape
     if f.closed:
         return f"<p><b>GGUF</b> {e(f.path)} (closed)</p>"

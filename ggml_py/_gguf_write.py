@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 import numpy as np
 
@@ -14,11 +15,16 @@ from . import _gguf_check as chk
 from ._loader import ffi, lib
 from .errors import GGMLError, InvalidArgument, InvalidType
 
+if TYPE_CHECKING:
+    from ._types import GGMLType
+
+Emit = Callable[[BinaryIO], object]
+
 CHUNK = 64 << 20
-_INT = {"u8": np.uint8, "i8": np.int8, "u16": np.uint16, "i16": np.int16, "u32": np.uint32,
+_INT: dict[str, type[np.integer[Any]]] = {"u8": np.uint8, "i8": np.int8, "u16": np.uint16, "i16": np.int16, "u32": np.uint32,
         "i32": np.int32, "u64": np.uint64, "i64": np.int64}
-_FLOAT = {"f32": np.float32, "f64": np.float64}
-_NP_NAME = {np.dtype(v): k for k, v in {**_INT, **_FLOAT, "bool": np.bool_}.items()}
+_FLOAT: dict[str, type[np.floating[Any]]] = {"f32": np.float32, "f64": np.float64}
+_NP_NAME: dict[np.dtype[Any], str] = {np.dtype(v): k for k, v in {**_INT, **_FLOAT, "bool": np.bool_}.items()}
 _TENSOR_DTYPES = {"float32": "f32", "float16": "f16", "float64": "f64", "int8": "i8",
                   "int16": "i16", "int32": "i32", "int64": "i64"}
 
@@ -33,7 +39,7 @@ def _parse_type(key: str, spec: str) -> tuple[str, bool]:
     return et, is_arr
 
 
-def _int_kind(values) -> str:
+def _int_kind(values: list[int]) -> str:
     lo, hi = min(values), max(values)
     if -2**31 <= lo and hi < 2**31:
         return "i32"
@@ -44,7 +50,7 @@ def _int_kind(values) -> str:
     raise InvalidArgument(f"integer {hi if hi >= 2**63 else lo} does not fit in 64 bits")
 
 
-def _infer(key: str, v) -> tuple[str, bool]:
+def _infer(key: str, v: Any) -> tuple[str, bool]:
     if key == "general.alignment":
         return "u32", False
     if isinstance(v, np.ndarray) and v.ndim == 0:
@@ -81,7 +87,7 @@ def _infer(key: str, v) -> tuple[str, bool]:
     raise InvalidType(f"metadata {key!r}: cannot store a {type(v).__name__} in GGUF")
 
 
-def _cstring(key: str, s) -> bytes:
+def _cstring(key: str, s: Any) -> bytes:
     b = s if isinstance(s, bytes) else str(s).encode("utf-8", "surrogateescape") \
         if isinstance(s, str) else None
     if b is None:
@@ -92,14 +98,14 @@ def _cstring(key: str, s) -> bytes:
     return b
 
 
-def _numbers(key: str, et: str, v, is_arr: bool) -> np.ndarray:
+def _numbers(key: str, et: str, v: Any, is_arr: bool) -> np.ndarray[Any, Any]:
     """The values as a 1-D array of `et` (bool as bytes), range- and kind-checked."""
     seq = v if is_arr else [v]
     if isinstance(seq, np.ndarray):
         if seq.ndim != 1:
             raise InvalidArgument(f"metadata {key!r}: arrays are 1-D, got shape {seq.shape}")
-        a = seq if seq.dtype != object else None
-        items = seq.tolist() if a is None else None
+        a: np.ndarray[Any, Any] | None = seq if seq.dtype != object else None
+        items: list[Any] = seq.tolist() if a is None else []
     elif isinstance(seq, (list, tuple)):
         a, items = None, list(seq)
     else:
@@ -136,7 +142,7 @@ def _numbers(key: str, et: str, v, is_arr: bool) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=_FLOAT[et])
 
 
-def _set_kv(gctx, key: str, v, spec) -> None:
+def _set_kv(gctx: Any, key: str, v: Any, spec: str | None) -> None:
     if not isinstance(key, str) or not key:
         raise InvalidArgument(f"metadata keys are non-empty strings, not {key!r}")
     kb = _cstring("(key)", key)
@@ -165,7 +171,7 @@ def _set_kv(gctx, key: str, v, spec) -> None:
         getattr(lib, f"gguf_set_val_{et}")(gctx, kb, bool(x) if et == "bool" else x)
 
 
-def _tensor_source(name, v):
+def _tensor_source(name: str, v: Any) -> tuple["GGMLType", tuple[int, ...], int, Emit]:
     """(GGMLType, ggml-order ne, nbytes, writer(fh)) for one tensor value."""
     import ggml_py as gg
     if isinstance(v, gg.Tensor):
@@ -173,12 +179,12 @@ def _tensor_source(name, v):
         if t.data is None or not t.is_contiguous:
             raise InvalidArgument(f"tensor {name!r}: needs allocated, contiguous memory")
 
-        def emit(fh):
+        def emit(fh: BinaryIO) -> None:
             tmp = np.empty(min(CHUNK, nbytes), np.uint8)
             for o in range(0, nbytes, CHUNK):
                 n = min(CHUNK, nbytes - o)
                 lib.ggml_backend_tensor_get(t.ptr, ffi.from_buffer("void *", tmp, require_writable=True), o, n)
-                fh.write(memoryview(tmp)[:n])
+                fh.write(tmp[:n].data)
         return t.type, tuple(t.ne[:max(t.ndim, 1)]), nbytes, emit
     if isinstance(v, tuple) and len(v) == 3:
         tp, shape, data = v
@@ -211,10 +217,10 @@ def _tensor_source(name, v):
     if raw.nbytes != nbytes:
         raise InvalidArgument(f"tensor {name!r}: {raw.nbytes} bytes of data for a {gt.name} "
                               f"tensor of shape {tuple(shape)}, which takes {nbytes}")
-    return gt, ne, nbytes, lambda fh: fh.write(memoryview(raw))
+    return gt, ne, nbytes, lambda fh: fh.write(raw.data)
 
 
-def _init(alignment) -> object:
+def _init(alignment: Any) -> Any:
     if alignment is None:
         return lib.gguf_init_empty()
     # gguf_set_val_u32("general.alignment") does not change the alignment the writer pads to
@@ -226,12 +232,14 @@ def _init(alignment) -> object:
     return lib.gguf_init_from_buffer(head, len(head), params[0])
 
 
-def write(path, metadata, tensors, types) -> None:
+def write(path: str | os.PathLike[str], metadata: dict[str, Any], tensors: Any,
+          types: dict[str, str]) -> None:
     path = os.fspath(path)
     if not isinstance(metadata, dict):
         raise InvalidType("metadata must be a dict of key -> value")
     items = list(tensors.items()) if isinstance(tensors, dict) else list(tensors)
-    sources, names = [], set()
+    sources: list[tuple[bytes, GGMLType, tuple[int, ...], int, Emit]] = []
+    names: set[str] = set()
     for entry in items:
         if not (isinstance(entry, tuple) and len(entry) == 2):
             raise InvalidType("tensors must be a dict or a list of (name, value) pairs")

@@ -18,8 +18,9 @@ import mmap
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +28,10 @@ from . import _gguf_check as chk
 from ._handle import Owned
 from ._loader import ffi, lib
 from .errors import ClosedError, GGMLError
+
+if TYPE_CHECKING:
+    from ._tensor import Tensor
+    from ._types import GGMLType
 
 __all__ = ["read", "write", "GGUFFile", "TensorInfo", "GGUFError", "VALUE_TYPES"]
 
@@ -42,7 +47,7 @@ _NP = {"u8": np.uint8, "i8": np.int8, "u16": np.uint16, "i16": np.int16, "u32": 
        "i64": np.int64, "f64": np.float64}
 
 
-def _traits() -> dict:
+def _traits() -> dict[int, tuple[str, int, int]]:
     import ggml_py as gg
     out = {}
     for t in gg.TYPES.values():
@@ -56,13 +61,13 @@ class TensorInfo:
     """A tensor as the file describes it. ``shape`` is numpy order (slowest axis first), as
     stored (ggml's trailing 1s kept); ``offset`` is the absolute file offset of its data."""
     name: str
-    shape: tuple
+    shape: tuple[int, ...]
     type: str
     offset: int
     nbytes: int
 
     @property
-    def ggml_type(self):
+    def ggml_type(self) -> "GGMLType":
         import ggml_py as gg
         return gg.TYPES[self.type]
 
@@ -73,16 +78,18 @@ _log_lock = threading.Lock()
 _log_lines: list[str] | None = None
 
 
-@ffi.callback("void(enum ggml_log_level, const char *, void *)")
-def _capture_log(level, text, user_data):
-    # kept for the life of the process: a callback another thread restored late stays valid
+def _on_log(level: Any, text: Any, user_data: Any) -> None:
     if _log_lines is not None and text != ffi.NULL:
         _log_lines.append(ffi.string(text).decode("utf-8", "replace"))
     elif text != ffi.NULL:
         sys.stderr.write(ffi.string(text).decode("utf-8", "replace"))
 
 
-def _ggml_parse(ptr, size: int):
+# kept for the life of the process: a callback another thread restored late stays valid
+_capture_log = ffi.callback("void(enum ggml_log_level, const char *, void *)")(_on_log)
+
+
+def _ggml_parse(ptr: Any, size: int) -> tuple[Any, str]:
     """gguf_init_from_buffer with ggml's log captured: (context or NULL, log text)."""
     global _log_lines
     params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
@@ -103,16 +110,17 @@ def _ggml_parse(ptr, size: int):
 LAZY = 1024
 
 
-class Metadata(Mapping):
+class Metadata(Mapping[str, Any]):
     """A GGUF file's key -> value, in file order. Scalars and short arrays are read when the
     file is opened, long arrays (vocabularies) on first use: read them before closing the
     file, or take ``dict(f.metadata)``."""
 
-    def __init__(self, owner, values: dict, pending: dict):
+    def __init__(self, owner: "GGUFFile", values: dict[str, Any],
+                 pending: dict[str, tuple[int, chk.KV]]) -> None:
         self._owner, self._values, self._pending = owner, values, pending
         self._order = [k for k in owner.metadata_types]
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str) -> Any:
         try:
             return self._values[key]
         except KeyError:
@@ -126,17 +134,17 @@ class Metadata(Mapping):
         del self._pending[key]
         return v
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._order)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._order)
 
-    def __contains__(self, key):
+    def __contains__(self, key: object) -> bool:
         return key in self._values or key in self._pending
 
-    def __repr__(self):
-        def show(k):
+    def __repr__(self) -> str:
+        def show(k: str) -> str:
             if k in self._values:
                 return repr(self._values[k])
             return f"<{self._owner.metadata_types[k]} x {self._pending[k][1].n}, not read yet>"
@@ -151,14 +159,14 @@ class GGUFFile(Owned):
 
     _kind = "GGUF file"
 
-    def __init__(self, path):
-        self.path = os.fspath(path)
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path: str = os.fspath(path)
         with open(self.path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             if size < 24:
                 raise self._error(f"truncated: {size} bytes, a GGUF header takes 24")
             # copy-on-write: tensors placed on these pages may be written without touching the file
-            self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+            self._map: mmap.mmap | None = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
         try:
             with memoryview(self._map) as view:
                 layout = chk.scan(view, size, _traits(), int(lib.GGML_MAX_NAME),
@@ -182,7 +190,7 @@ class GGUFFile(Owned):
     def _error(self, what: str) -> GGUFError:
         return GGUFError(f"{self.path}: {what}")
 
-    def _read(self, raw, layout) -> None:
+    def _read(self, raw: Any, layout: chk.Layout) -> None:
         self.version = int(lib.gguf_get_version(raw))
         self.alignment = int(lib.gguf_get_alignment(raw))
         self.data_offset = int(lib.gguf_get_data_offset(raw))
@@ -192,8 +200,9 @@ class GGUFFile(Owned):
         n_kv = int(lib.gguf_get_n_kv(raw))
         if n_kv != len(layout.kvs):
             raise self._error(f"ggml read {n_kv} keys, the check {len(layout.kvs)}")
-        self.metadata_types = {}
-        values, pending = {}, {}
+        self.metadata_types: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        pending: dict[str, tuple[int, chk.KV]] = {}
         for i, span in enumerate(layout.kvs):
             if ffi.string(lib.gguf_get_key(raw, i)).decode("utf-8", "surrogateescape") != span.key \
                     or int(lib.gguf_get_kv_type(raw, i)) != span.type:
@@ -207,7 +216,7 @@ class GGUFFile(Owned):
         self.metadata = Metadata(self, values, pending)
         if int(lib.gguf_get_n_tensors(raw)) != len(layout.tensors):
             raise self._error("ggml and the check disagree on the tensor count")
-        self.tensors = []
+        self.tensors: list[TensorInfo] = []
         traits = _traits()
         for i, ts in enumerate(layout.tensors):
             ne = tuple(lib.gguf_get_tensor_ne(raw, i)[0:4])
@@ -230,10 +239,11 @@ class GGUFFile(Owned):
             except BufferError:
                 pass    # tensors loaded without a copy still use it: it goes with them
 
-    def __getitem__(self, key: str):
+    def __getitem__(self, key: str) -> Any:
         return self.metadata[key]
 
-    def load(self, target, names=None, *, progress="auto") -> dict:
+    def load(self, target: Any, names: "list[str] | None" = None, *,
+             progress: Any = "auto") -> "dict[str, Tensor]":
         """Put tensors (all, or those in `names`) on `target`: a Backend, Device or
         BufferType. Returns ``{name: Tensor}``. Host memory that can wrap a pointer (the
         CPU) uses the file's mapped bytes without a copy where every tensor is aligned as the
@@ -244,18 +254,18 @@ class GGUFFile(Owned):
         self.ptr   # refuse a closed file
         return load(self, target, names, progress)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self.closed:
             return f"<GGUFFile {self.path!r} closed>"
         return (f"<GGUFFile {self.path!r} v{self.version} {len(self.metadata)} keys "
                 f"{len(self.tensors)} tensors>")
 
-    def _repr_html_(self):
+    def _repr_html_(self) -> str:
         from ._gguf_load import html
         return html(self)
 
 
-def _value(raw, i: int, span, mapped):
+def _value(raw: Any, i: int, span: chk.KV, mapped: Any) -> Any:
     """The value of key `i` through ggml's getters (the file's bytes only for strings with a
     NUL inside, where ggml's C string stops early)."""
     et = chk.VALUE_TYPES[span.elem_type][0]
@@ -287,14 +297,15 @@ def _value(raw, i: int, span, mapped):
     return np.frombuffer(data, dtype=dt).copy()
 
 
-def read(path) -> GGUFFile:
+def read(path: str | os.PathLike[str]) -> GGUFFile:
     """Open a GGUF file: metadata and tensor infos read through ggml's gguf API.
     Raises :class:`GGUFError` for a damaged or malformed file, ``OSError`` when it cannot be
     opened."""
     return GGUFFile(path)
 
 
-def write(path, metadata=None, tensors=None, *, types=None) -> None:
+def write(path: str | os.PathLike[str], metadata: dict[str, Any] | None = None,
+          tensors: Any = None, *, types: dict[str, str] | None = None) -> None:
     """Write a GGUF file with ggml's gguf API (metadata and layout) and the tensors' bytes.
 
     `metadata`: key -> value; Python ``int`` is written as i32 (i64/u64 when it does not fit),
