@@ -23,7 +23,7 @@ from typing import Any
 from pathlib import Path
 
 from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib
-from .errors import GGMLError, RPCError, RPCVersionError, require
+from .errors import GGMLError, InvalidType, RPCError, RPCVersionError, require
 from . import _liveness
 from ._context import Context
 from ._device import Device, Registry, device as _lookup
@@ -34,10 +34,14 @@ WARNING = ("ggml's RPC server has no authentication or encryption: anyone who ca
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
     """'host:port' -> (host, port), validated."""
-    require(isinstance(endpoint, str), f"endpoint must be 'host:port', not {endpoint!r}")
+    require(isinstance(endpoint, str), f"endpoint must be 'host:port', not {endpoint!r}",
+            InvalidType)
+    require(endpoint.isascii() and endpoint.isprintable() and " " not in endpoint,
+            f"endpoint {endpoint!r} must be printable ASCII without spaces (ggml's rule)")
     host, sep, port = endpoint.rpartition(":")
     require(bool(sep) and bool(host), f"endpoint {endpoint!r} is not 'host:port'")
-    require(port.isdigit() and 0 < int(port) < 65536, f"port of {endpoint!r} must be 1..65535")
+    require(port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536,
+            f"port of {endpoint!r} must be 1..65535")
     return host.strip("[]"), int(port)
 
 
@@ -198,7 +202,20 @@ def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir
         devices = [devices]
     names = [d.name if isinstance(d, Device) else (d if build else _lookup(d).name)
              for d in devices]
-    require(isinstance(port, int) and 0 <= port < 65536, f"port must be 0..65535, got {port!r}")
+    require(isinstance(port, int) and not isinstance(port, bool) and 0 <= port < 65536,
+            f"serve: port must be an int in 0..65535, got {port!r}")
+    require(threads is None or (isinstance(threads, int) and not isinstance(threads, bool)
+                                and 1 <= threads <= int(lib.GGML_MAX_N_THREADS)),
+            f"serve: threads must be an int in 1..{int(lib.GGML_MAX_N_THREADS)}, got {threads!r}")
+    if port:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                in_use = True
+        except OSError:
+            in_use = False
+        if in_use:
+            raise RPCError(f"serve: port {port} of {host} is in use (something accepts "
+                           "connections there): pick another port, or port=0 for a free one")
     if not _is_loopback(host):
         require(allow_remote, f"binding to {host} exposes the server beyond this machine; pass "
                               "allow_remote=True to do so deliberately")

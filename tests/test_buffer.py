@@ -51,5 +51,5 @@ def test_buffer_from_host_is_zero_copy(cpu):
 
 
 def test_buffer_from_host_refuses_where_unsupported(rpc_devs):
-    with pytest.raises(gg.UnsupportedError):
+    with pytest.raises(gg.UnsupportedError, match="cannot make buffers from host memory"):
         rpc_devs[0].buffer_from_host(gg.aligned_empty((16,)))

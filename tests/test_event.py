@@ -18,7 +18,7 @@ def test_event_lifecycle(rpc_devs):
         be.wait(ev)
         ev.synchronize()
     assert ev.closed
-    with pytest.raises(gg.ClosedError):
+    with pytest.raises(gg.ClosedError, match="closed"):
         ev.synchronize()
 
 

@@ -33,22 +33,22 @@ def test_close_is_idempotent_and_closed_objects_raise(cpu, rpc_devs):
         obj.close()
         obj.close()
         assert obj.closed
-        with pytest.raises(gg.ClosedError):
+        with pytest.raises(gg.ClosedError, match="closed"):
             obj.ptr
-        with pytest.raises(gg.ClosedError):
+        with pytest.raises(gg.ClosedError, match="closed"):
             with obj:
                 pass
 
 
 def test_closed_objects_raise_on_use(cpu, rpc_devs):
     be = cpu.backend(); be.close()
-    with pytest.raises(gg.ClosedError):
+    with pytest.raises(gg.ClosedError, match="closed"):
         be.synchronize()
     buf = cpu.buffer_type.alloc(64); buf.close()
-    with pytest.raises(gg.ClosedError):
+    with pytest.raises(gg.ClosedError, match="closed"):
         buf.clear(0)
     ev = rpc_devs[0].event(); ev.close()
-    with pytest.raises(gg.ClosedError):
+    with pytest.raises(gg.ClosedError, match="closed"):
         ev.synchronize()
 
 
@@ -72,7 +72,7 @@ def test_closing_a_context_closes_its_buffers_and_tensors_raise(cpu):
         (buf,) = ctx.alloc(be)
         ctx.close()
         assert buf.closed
-        with pytest.raises(gg.ClosedError):
+        with pytest.raises(gg.ClosedError, match="closed"):
             t.numpy()
 
 

@@ -49,7 +49,7 @@ def test_lookup_by_name_index_and_type(rpc_devs):
 
 @pytest.mark.parametrize("key, kw", [("NOPE", {}), (99, {}), (-1, {}), (None, {"type": "accel"})])
 def test_lookup_misses_raise_lookup_error(key, kw):
-    with pytest.raises(LookupError):
+    with pytest.raises(LookupError, match="no device"):
         gg.device(key, **kw)
 
 

@@ -85,7 +85,7 @@ def test_binding_beyond_loopback_needs_opt_in_and_warns():
                                       "127.0.0.1:70000", "127.0.0.1:http", "127.0.0.1:-1", 5000,
                                       None])
 def test_malformed_endpoints_raise(endpoint):
-    with pytest.raises(gg.InvalidArgument):
+    with pytest.raises((gg.InvalidArgument, gg.InvalidType), match="endpoint|port"):
         gg.rpc.connect(endpoint)
 
 
@@ -150,7 +150,7 @@ def test_server_that_never_answers_raises_within_the_timeout(fake_server):
 
 
 def test_server_that_answers_nonsense_raises(fake_server):
-    with pytest.raises(gg.RPCVersionError):
+    with pytest.raises(gg.RPCVersionError, match="answered HELLO|speaks protocol"):
         gg.rpc.connect(fake_server("garbage"), timeout=2)
 
 
@@ -307,7 +307,7 @@ def namespaced_servers():
 def test_graph_scheduled_across_cpu_and_two_namespaced_hosts(namespaced_servers, cpu, rng):
     a_ep, b_ep = namespaced_servers
     # the servers are not on this host's loopback: only the veth addresses reach them
-    with pytest.raises(ConnectionError):
+    with pytest.raises(ConnectionError, match="no RPC server reachable"):
         gg.rpc.hello(f"127.0.0.1:{a_ep.split(':')[1]}", timeout=1)
     devs = [gg.rpc.connect(ep).devices[0] for ep in (a_ep, b_ep)]
     bes = [devs[0].backend(), devs[1].backend(), cpu.backend()]

@@ -93,7 +93,7 @@ def test_closing_a_context_before_the_scheduler_is_safe(cpu, rpc_devs, rng):
     stack.ctxs[0].close()                # the RPC weights' context, with nodes of the graph
     with pytest.raises(gg.ClosedError, match="context"):
         sched.compute(g)
-    with pytest.raises(gg.ClosedError):
+    with pytest.raises(gg.ClosedError, match="closed"):
         bes[1].compute(g)
     sched.close()
     stack.close()
