@@ -12,6 +12,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from .errors import GGMLError
 
@@ -25,7 +26,10 @@ def _default_name() -> str:
     manifest = PACKAGE.parent / "vendor" / "releases.toml"
     if manifest.exists():
         # the manifest's top-level `default = "x.y.z"` (no TOML parser needed at import)
-        release = re.search(r'^default\s*=\s*"([^"]+)"', manifest.read_text(), re.M).group(1)
+        m = re.search(r'^default\s*=\s*"([^"]+)"', manifest.read_text(), re.M)
+        if m is None:
+            raise ImportError(f"ggml_py: {manifest} names no default release")
+        release = m.group(1)
     else:  # installed without the source tree: the only build shipped is the default
         found = sorted(LIB_ROOT.glob("ggml-*/build.json"))
         if not found:
@@ -72,7 +76,16 @@ def _missing_build_message(folder: Path) -> str:
             "python build_ggml.py (from the source checkout), or reinstall: pip install -e .")
 
 
-def load():
+def _import_file(path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(MODULE, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"ggml_py: cannot import the bindings {path}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def load() -> tuple[Any, Any, dict[str, Any], Path]:
     folder = build_dir()
     info_path = folder / "build.json"
     if not info_path.exists():
@@ -86,15 +99,10 @@ def load():
         found = sorted(folder.glob(f"{MODULE}.*so")) + sorted(folder.glob(f"{MODULE}.*pyd"))
         if not found:
             raise ImportError(f"ggml_py: {folder} has no compiled bindings; rebuild it with build_ggml.py")
-        spec = importlib.util.spec_from_file_location(MODULE, found[0])
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = _import_file(found[0])
         ffi, lib = mod.ffi, mod.lib
     else:
-        spec = importlib.util.spec_from_file_location(MODULE, folder / f"{MODULE}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        ffi = mod.ffi
+        ffi = _import_file(folder / f"{MODULE}.py").ffi
         suffix = ".dylib" if sys.platform == "darwin" else ".so"
         # libggml depends on every other library of the build, so its handle resolves all.
         lib = ffi.dlopen(str(folder / f"libggml{suffix}"))
@@ -110,7 +118,7 @@ if BUILD.get("backend_dl"):
     lib.ggml_backend_load_all_from_path(str(BUILD_DIR).encode())
 
 
-def backend_fn(name: str, ctype: str):
+def backend_fn(name: str, ctype: str) -> Any:
     """A backend-specific entry point (``ggml_backend_rpc_add_server``,
     ``ggml_backend_cpu_set_n_threads``, ...): the linked function where the build links the
     backend, else what a registry's ``ggml_backend_reg_get_proc_address`` returns for `name`,
@@ -128,7 +136,7 @@ def backend_fn(name: str, ctype: str):
     return None
 
 
-def cstr(p) -> str | None:
+def cstr(p: Any) -> str | None:
     """A C string from ggml as a Python str (None for NULL)."""
     return None if p == ffi.NULL else ffi.string(p).decode("utf-8", "replace")
 
