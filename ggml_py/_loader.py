@@ -52,10 +52,10 @@ def build_dir() -> Path:
     if (wanted / "build.json").exists():
         return wanted
     # The default configuration may carry extra backends (CUDA on a GPU machine): take the
-    # default release's build with the fewest extras.
+    # default release's build with the fewest extras, a portable one only when nothing else is.
     stem = wanted.name
     cands = sorted((p for p in LIB_ROOT.glob(stem + "-*") if (p / "build.json").exists()),
-                   key=lambda p: len(p.name))
+                   key=lambda p: (p.name.endswith("-portable"), len(p.name)))
     return cands[0] if cands else wanted
 
 
