@@ -129,8 +129,8 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name: int = 64, max_dims: int = 4,
-         max_version: int = 3) -> Layout:
+def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name: int = 64,
+         max_dims: int = 4, max_version: int = 3) -> Layout:
     """Walk the GGUF structure in `buf` (`size` bytes). `traits`: ggml type id ->
     (name, block size, type size) for the types this release knows. Raises Malformed."""
     w = _Walk(buf, size)
@@ -239,7 +239,8 @@ def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name:
 
     data_offset = _pad(w.pos, alignment) if tensors else w.pos
     if data_offset > size:
-        raise Malformed(f"truncated: the data section starts at {data_offset}, the file has {size} bytes")
+        raise Malformed(f"truncated: the data section starts at {data_offset}, "
+                        f"the file has {size} bytes")
     expected = 0
     for ts in tensors:
         if ts.offset != expected:

@@ -63,7 +63,8 @@ def _zero_copy(f: "GGUFFile", buft: "BufferType", dev: "Device | None",
     base = buf.base
     for ti in infos:
         t = tensors[ti.name]
-        if lib.ggml_backend_tensor_alloc(buf.ptr, t.ptr, ffi.cast("void *", base + ti.offset - lo)) != 0:
+        addr = ffi.cast("void *", base + ti.offset - lo)
+        if lib.ggml_backend_tensor_alloc(buf.ptr, t.ptr, addr) != 0:
             raise GGMLError(f"{f.path}: placing tensor {ti.name!r} on the mapped file failed")
     return True
 
@@ -83,7 +84,8 @@ def _reporter(progress: Any, path: str, total: int) -> Progress | None:
     return None
 
 
-def load(f: "GGUFFile", target: Any, names: Iterable[str] | None, progress: Any) -> "dict[str, Tensor]":
+def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
+         progress: Any) -> "dict[str, Tensor]":
     import ggml_py as gg
     buft, dev = _buffer_type(target)
     by_name = {ti.name: ti for ti in f.tensors}

@@ -21,10 +21,12 @@ if TYPE_CHECKING:
 Emit = Callable[[BinaryIO], object]
 
 CHUNK = 64 << 20
-_INT: dict[str, type[np.integer[Any]]] = {"u8": np.uint8, "i8": np.int8, "u16": np.uint16, "i16": np.int16, "u32": np.uint32,
+_INT: dict[str, type[np.integer[Any]]] = {
+    "u8": np.uint8, "i8": np.int8, "u16": np.uint16, "i16": np.int16, "u32": np.uint32,
         "i32": np.int32, "u64": np.uint64, "i64": np.int64}
 _FLOAT: dict[str, type[np.floating[Any]]] = {"f32": np.float32, "f64": np.float64}
-_NP_NAME: dict[np.dtype[Any], str] = {np.dtype(v): k for k, v in {**_INT, **_FLOAT, "bool": np.bool_}.items()}
+_NP_NAME: dict[np.dtype[Any], str] = {
+    np.dtype(v): k for k, v in {**_INT, **_FLOAT, "bool": np.bool_}.items()}
 _TENSOR_DTYPES = {"float32": "f32", "float16": "f16", "float64": "f64", "int8": "i8",
                   "int16": "i16", "int32": "i32", "int64": "i64"}
 
@@ -148,7 +150,8 @@ def _set_kv(gctx: Any, key: str, v: Any, spec: str | None) -> None:
     kb = _cstring("(key)", key)
     et, is_arr = _parse_type(key, spec) if spec is not None else _infer(key, v)
     if key == "general.alignment":
-        if (et, is_arr) != ("u32", False) or isinstance(v, bool) or not isinstance(v, (int, np.integer)) \
+        if (et, is_arr) != ("u32", False) or isinstance(v, bool) \
+                or not isinstance(v, (int, np.integer)) \
                 or not 0 < int(v) < 2**32 or int(v) & (int(v) - 1):
             raise InvalidArgument(f"general.alignment must be a u32 power of 2, not {v!r}")
     if et == "str":
@@ -165,7 +168,8 @@ def _set_kv(gctx: Any, key: str, v: Any, spec: str | None) -> None:
     a = _numbers(key, et, v, is_arr)
     tid = chk.TYPE_IDS[et]
     if is_arr:
-        lib.gguf_set_arr_data(gctx, kb, tid, ffi.from_buffer("void *", a) if a.size else ffi.NULL, a.size)
+        data = ffi.from_buffer("void *", a) if a.size else ffi.NULL
+        lib.gguf_set_arr_data(gctx, kb, tid, data, a.size)
     else:
         x = a[0].item()
         getattr(lib, f"gguf_set_val_{et}")(gctx, kb, bool(x) if et == "bool" else x)
@@ -183,13 +187,15 @@ def _tensor_source(name: str, v: Any) -> tuple["GGMLType", tuple[int, ...], int,
             tmp = np.empty(min(CHUNK, nbytes), np.uint8)
             for o in range(0, nbytes, CHUNK):
                 n = min(CHUNK, nbytes - o)
-                lib.ggml_backend_tensor_get(t.ptr, ffi.from_buffer("void *", tmp, require_writable=True), o, n)
+                out = ffi.from_buffer("void *", tmp, require_writable=True)
+                lib.ggml_backend_tensor_get(t.ptr, out, o, n)
                 fh.write(tmp[:n].data)
         return t.type, tuple(t.ne[:max(t.ndim, 1)]), nbytes, emit
     if isinstance(v, tuple) and len(v) == 3:
         tp, shape, data = v
         gt = gg.TYPES.get(tp) if isinstance(tp, str) else \
-            next((t for t in gg.TYPES.values() if isinstance(tp, (int, np.integer)) and int(t) == tp), None)
+            next((t for t in gg.TYPES.values()
+                  if isinstance(tp, (int, np.integer)) and int(t) == tp), None)
         if gt is None:
             raise InvalidType(f"tensor {name!r}: unknown ggml type {tp!r}")
         raw = np.frombuffer(data, np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) \
@@ -207,7 +213,8 @@ def _tensor_source(name: str, v: Any) -> tuple["GGMLType", tuple[int, ...], int,
         raise InvalidType(f"tensor {name!r}: expected a numpy array, a ggml_py Tensor or "
                           f"(type, shape, bytes), not {type(v).__name__}")
     if not 1 <= len(shape) <= int(lib.GGML_MAX_DIMS) or any(s < 0 for s in shape):
-        raise InvalidArgument(f"tensor {name!r}: shape {shape} (1 to {int(lib.GGML_MAX_DIMS)} axes, none negative)")
+        raise InvalidArgument(f"tensor {name!r}: shape {shape} (1 to {int(lib.GGML_MAX_DIMS)} "
+                              "axes, none negative)")
     ne = tuple(reversed(shape))
     if ne[0] % gt.block_size:
         raise InvalidArgument(f"tensor {name!r}: rows of {ne[0]} are not whole {gt.name} blocks "
