@@ -45,7 +45,7 @@ def _zero_copy(f: "GGUFFile", buft: "BufferType", dev: "Device | None",
                infos: "list[TensorInfo]", tensors: "dict[str, Tensor]") -> bool:
     """Place the tensors on the file's mapped pages; False when that is not possible here."""
     if dev is None or not buft.is_host or not dev.caps.buffer_from_host_ptr \
-            or buft != dev.buffer_type or f._map is None:
+            or buft != dev.buffer_type:
         return False
     align = dev.buffer_type.alignment
     if any(ti.offset % align for ti in infos) or mmap.ALLOCATIONGRANULARITY % align:
@@ -54,7 +54,7 @@ def _zero_copy(f: "GGUFFile", buft: "BufferType", dev: "Device | None",
     hi = max(ti.offset + ti.nbytes for ti in infos)
     if hi <= lo:
         return False
-    pages = np.frombuffer(f._map, dtype=np.uint8, count=hi - lo, offset=lo)
+    pages = np.frombuffer(f._private_pages(), dtype=np.uint8, count=hi - lo, offset=lo)
     try:
         buf = dev.buffer_from_host(pages)
     except GGMLError:
@@ -105,12 +105,10 @@ def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
         if 0 in ti.shape:
             raise InvalidArgument(f"{f.path}: tensor {ti.name!r} has no elements {ti.shape}; "
                                   "ggml_py tensors have at least one")
+    f._unchanged()
     mapped = f._map
     if mapped is None:
         raise ClosedError(f"{f.path}: the file is closed")
-    if os.stat(f.path).st_size != f.size:
-        # the mapping would fault on pages past a new end of file
-        raise GGMLError(f"{f.path}: the file changed size since it was opened; open it again")
     ctx = gg.Context(capacity=len(infos) + 1)
     try:
         tensors: dict[str, Tensor] = {}

@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
@@ -154,31 +154,36 @@ class Metadata(Mapping[str, Any]):
 class GGUFFile(Owned):
     """An open GGUF file (from :func:`read`): ``metadata``, ``metadata_types``, ``tensors``,
     ``version``, ``alignment``, ``data_offset``; :meth:`load` puts tensors on a backend.
-    Owns ggml's ``gguf_context`` and a private memory map of the file: ``close()`` (or
-    ``with``) frees both; tensors loaded without a copy keep the mapping alive on their own."""
+    Owns ggml's ``gguf_context``, the open file and a read-only mapping of it: ``close()``
+    (or ``with``) frees them; tensors loaded without a copy have a private copy-on-write
+    mapping of their own, which lives as long as they do."""
 
     _kind = "GGUF file"
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path: str = os.fspath(path)
-        with open(self.path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
+        # the file stays open: loads map this very file again, whatever the path names later
+        self._file: BinaryIO | None = open(self.path, "rb")
+        self._map: mmap.mmap | None = None
+        try:
+            size = os.fstat(self._file.fileno()).st_size
             if size < 24:
                 raise self._error(f"truncated: {size} bytes, a GGUF header takes 24")
-            # copy-on-write: tensors placed on these pages may be written without touching the file
-            self._map: mmap.mmap | None = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
-        try:
-            with memoryview(self._map) as view:
-                layout = chk.scan(view, size, _traits(), int(lib.GGML_MAX_NAME),
-                                  int(lib.GGML_MAX_DIMS), int(lib.GGUF_VERSION))
-        except chk.Malformed as e:
-            self._map.close()
-            raise self._error(str(e)) from None
-        with ffi.from_buffer("void *", self._map) as ptr:
-            raw, log = _ggml_parse(ptr, size)
-        if raw == ffi.NULL:
-            self._map.close()
-            raise self._error("ggml's parser refused it" + (f": {log}" if log else ""))
+            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                with memoryview(self._map) as view:
+                    layout = chk.scan(view, size, _traits(), int(lib.GGML_MAX_NAME),
+                                      int(lib.GGML_MAX_DIMS), int(lib.GGUF_VERSION))
+            except chk.Malformed as e:
+                raise self._error(str(e)) from None
+            # ggml parses the very bytes just checked (no second read of the file)
+            with ffi.from_buffer("void *", self._map) as ptr:
+                raw, log = _ggml_parse(ptr, size)
+            if raw == ffi.NULL:
+                raise self._error("ggml's parser refused it" + (f": {log}" if log else ""))
+        except BaseException:
+            self._release_file()
+            raise
         super().__init__(raw, lib.gguf_free)
         try:
             self._read(raw, layout)
@@ -229,15 +234,37 @@ class GGUFFile(Owned):
                                            traits[ts.type][0], self.data_offset + ts.offset,
                                            ts.nbytes))
 
-    def close(self) -> None:
-        """Free ggml's context and the mapping (kept while loaded tensors still use it)."""
-        super().close()
-        m, self._map = getattr(self, "_map", None), None
+    def _private_pages(self) -> mmap.mmap:
+        """A new private copy-on-write mapping of the file, for tensors placed on it: writes
+        to them touch neither the file nor the tensors of another load."""
+        return mmap.mmap(self._unchanged().fileno(), 0, access=mmap.ACCESS_COPY)
+
+    def _unchanged(self) -> BinaryIO:
+        """The open file, once checked to have kept its size (a mapping faults on pages past a
+        new end of file)."""
+        if self._file is None or self._raw is None:
+            raise ClosedError(f"{self.path}: the file is closed")
+        if os.fstat(self._file.fileno()).st_size != self.size:
+            raise GGMLError(f"{self.path}: the file changed size since it was opened; "
+                            "open it again")
+        return self._file
+
+    def _release_file(self) -> None:
+        m, self._map = self._map, None
         if m is not None:
             try:
                 m.close()
             except BufferError:
-                pass    # tensors loaded without a copy still use it: it goes with them
+                pass    # an array over it is still alive (an upload in another thread)
+        fh, self._file = self._file, None
+        if fh is not None:
+            fh.close()
+
+    def close(self) -> None:
+        """Free ggml's context, the file and its mapping (tensors loaded without a copy keep
+        their own mapping)."""
+        super().close()
+        self._release_file()
 
     def __getitem__(self, key: str) -> Any:
         return self.metadata[key]

@@ -289,6 +289,26 @@ def test_load_cpu_zero_copy_lifetime(tmp_path, cpu_backend):
     assert ctx() is None
 
 
+def test_two_loads_do_not_share_memory(tmp_path, cpu_backend):
+    p, a, b = _small_file(tmp_path)
+    with gguf.read(p) as f:
+        one, two = f.load(cpu_backend), f.load(cpu_backend)
+    one["b"].set(np.full((2, 3), 7, np.int32))
+    np.testing.assert_array_equal(two["b"].numpy(), b)
+    assert one["b"].numpy()[0, 0] == 7
+
+
+def test_file_changed_since_opened(tmp_path, cpu_backend):
+    p, _, _ = _small_file(tmp_path)
+    with gguf.read(p) as f:
+        with open(p, "r+b") as fh:
+            fh.truncate(f.size - 64)
+        with pytest.raises(gg.GGMLError, match="changed size since it was opened"):
+            f.load(cpu_backend)
+        with pytest.raises(gg.GGMLError, match="changed size"):
+            f.load(gg.device("CPU"), names=["b"])
+
+
 def test_load_computes(tmp_path, cpu_backend):
     p, a, _ = _small_file(tmp_path)
     with gguf.read(p) as f:
