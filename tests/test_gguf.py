@@ -257,6 +257,10 @@ def test_gguf_py_file_read_the_same(tmp_path, rng):
                 np.testing.assert_allclose(ts[name].numpy(), QF, atol=np.abs(QF).max() / 100)
             else:
                 np.testing.assert_array_equal(ts[name].numpy(), v)
+        gguf.write(tmp_path / "again.gguf", {}, ts)        # quantized Tensors: their bytes
+    again = {t.name: np.asarray(t.data).tobytes() for t in gp.GGUFReader(tmp_path / "again.gguf").tensors}
+    assert again["t.q8_0"] == np.asarray(tensors["t.q8_0"][2]).tobytes()
+    assert again["t.f16"] == tensors["t.f16"].tobytes()
 
 
 # -- loading --------------------------------------------------------------------------------------
@@ -355,8 +359,13 @@ def test_load_rpc_uploads_in_chunks(tmp_path, rpc_devs, monkeypatch):
         assert ts["a"].buffer.name.startswith("RPC")
         np.testing.assert_array_equal(ts["a"].numpy(), a)
         np.testing.assert_array_equal(ts["b"].numpy(), b)
+        gguf.write(tmp_path / "back.gguf", {}, ts)     # Tensors read back from the device
         del ts
         gc.collect()
+    with gguf.read(tmp_path / "back.gguf") as g:
+        back = g.load(gg.device("CPU"))
+        np.testing.assert_array_equal(back["a"].numpy(), a)
+        np.testing.assert_array_equal(back["b"].numpy(), b)
     total = a.nbytes + b.nbytes
     assert len(seen) == a.nbytes // 4096 + 1 and seen[-1] == (total, total)
 
