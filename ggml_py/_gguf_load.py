@@ -94,6 +94,7 @@ def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
     else:
         if isinstance(names, str):
             raise InvalidArgument("names must be a list of tensor names, not a string")
+        names = list(names)
         missing = [n for n in names if n not in by_name]
         if missing:
             raise NotFound(f"{f.path}: no tensor named {missing[0]!r} "

@@ -347,6 +347,7 @@ def test_load_names_and_targets(tmp_path):
         with pytest.raises(gg.InvalidArgument, match="Backend, Device or BufferType"):
             f.load("CPU")
         assert f.load(cpu, names=[]) == {}
+        assert list(f.load(cpu, names=(n for n in ["b", "a", "b"]))) == ["b", "a"]
 
 
 def test_load_rpc_uploads_in_chunks(tmp_path, rpc_devs, monkeypatch):
