@@ -16,10 +16,10 @@ jsonschema = pytest.importorskip("jsonschema")
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "docs" / "compare-schema.json").read_text())
-# a slice of the matrix that keeps the test short: ops whose support or API moved between
-# 0.20.2 and 0.25.3 and a few that did not
-OPS = "add,mul_mat,get_rows,cumsum,top_k,pad,soft_max,rope_ext,flash_attn_ext,set_rows"
-TYPES = "f32,f16,q8_0"
+# a slice of the matrix that keeps the test short: ops whose support moved between 0.20.2 and
+# 0.25.3 and a few that did not
+OPS = "add,scale,silu,gelu,mul_mat,get_rows,top_k,soft_max,rope_ext,flash_attn_ext,set_rows"
+TYPES = "f32,f16,bf16,q8_0"
 
 
 def compare(*args, env=None, timeout=1800):
@@ -52,7 +52,8 @@ def test_two_releases_json_matches_the_schema(old_new):
     assert rep["a"]["folder"] != rep["b"]["folder"]
     # the exit status says whether something regressed, and the summary says what first
     assert r.returncode == (1 if rep["regressions"] else 0)
-    assert "regression(s)" in r.stderr.splitlines()[2]
+    head = r.stderr.splitlines()[:4]
+    assert head[0].startswith("A: ggml 0.20.2") and "regression(s)" in head[3]
 
 
 @pytest.mark.slow
@@ -62,17 +63,37 @@ def test_two_releases_api(old_new):
     assert api["layout_source"] == ["compiler", "compiler"]
     f = api["functions"]
     assert f["count"]["b"] > f["count"]["a"] > 500
-    assert "ggml_top_k" in f["added"] or "ggml_cumsum" in f["added"]
+    assert {"ggml_swiglu_clamp", "ggml_rope_set_offset"} <= set(f["added"]) and not f["removed"]
     assert api["constants"]["changed"]["RPC_PROTO_MAJOR_VERSION"] == [5, 7]
-    # struct layouts come from the compiler: a struct whose layout changed, with the fields
-    caps = {s["name"]: s for s in api["structs"]["changed"]}
-    assert caps, "no struct layout changed between 0.20.2 and 0.25.3"
-    for s in caps.values():
-        assert "opaque" in s or s["fields_added"] or s["fields_removed"] or s["fields_moved"] \
-            or s["fields_retyped"] or s["size"][0] != s["size"][1]
-    # enums: GGML_OP_* values moved (serialized graphs of 0.20.2 do not load in 0.25.3)
-    ops_enum = {e["name"]: e for e in api["enums"]["changed"]}["enum ggml_op"]
-    assert ops_enum["added"] and ops_enum["moved"]
+    # enums: a value inserted before GGML_GLU_OP_COUNT moves it; new members of ggml_prec
+    enums = {e["name"]: e for e in api["enums"]["changed"]}
+    assert enums["enum ggml_glu_op"]["added"] == {"GGML_GLU_OP_SWIGLU_CLAMP": 6}
+    assert enums["enum ggml_glu_op"]["moved"] == {"GGML_GLU_OP_COUNT": [6, 7]}
+    assert "GGML_PREC_BF16" in enums["enum ggml_prec"]["added"]
+    # the compiler finds no struct layout that changed between these two (see the next test
+    # for one that did)
+    assert api["structs"]["changed"] == []
+
+
+@pytest.mark.slow
+def test_a_struct_layout_and_op_numbers_that_moved(tmp_path):
+    """0.15.3 vs 0.25.3, API only: ggml_backend_dev_caps grew a field (its size, from the
+    compiler, 4 -> 5) and GGML_OP_* values moved (serialized graphs do not carry over)."""
+    out = tmp_path / "api.json"
+    compare("0.15.3", "0.25.3", "--backends", "cpu,rpc", "--api-only", "--format", "json",
+            "-o", str(out))
+    rep = json.loads(out.read_text())
+    validate(rep)
+    assert rep["ops"] == [] and rep["speed"] == []
+    structs = {s["name"]: s for s in rep["api"]["structs"]["changed"]}
+    caps = structs["struct ggml_backend_dev_caps"]
+    assert caps["size"] == [4, 5]
+    assert caps["fields_added"] == [{"name": "mmap_support", "type": "_Bool", "offset": 4, "bits": None}]
+    moved = {e["name"]: e for e in rep["api"]["enums"]["changed"]}["enum ggml_op"]["moved"]
+    assert moved["GGML_OP_UNARY"] == [87, 91]
+    # the runtime shows the new cap on both devices
+    changed = {d["name"]: d for d in rep["runtime"]["devices"]["changed"]}
+    assert changed["CPU"]["caps"]["mmap_support"] == [None, True]
 
 
 @pytest.mark.slow
@@ -80,9 +101,9 @@ def test_two_releases_runtime(old_new):
     rep, _ = old_new
     rt = rep["runtime"]
     assert rt["rpc_protocol"] == ["5.0.0", "7.0.0"]
-    # 0.20.2's RPC devices have no events, 0.25.3's have
+    # 0.20.2's RPC devices have no events and no async, 0.25.3's have
     changed = {d["name"]: d for d in rt["devices"]["changed"]}
-    assert changed["RPC0"]["caps"]["events"] == [False, True]
+    assert changed["RPC0"]["caps"] == {"async": [False, True], "events": [False, True]}
     assert [d["name"] for d in rt["b"]["devices"]] == ["CPU", "RPC0"]
 
 
@@ -94,10 +115,13 @@ def test_two_releases_op_matrix(old_new):
     same = rows[("CPU", "mul_mat", "f32")]
     assert same["a"]["status"] == same["b"]["status"] == "ok"
     assert same["nmse_ab"] is not None and same["nmse_ab"] < 1e-10
-    # an op 0.20.2 lacks: refused there, computed by 0.25.3 (its support differs)
-    improved = [r for r in rep["ops"] if r["verdict"] == "improved"]
-    assert improved, "no op support differs"
-    assert all(r["a"]["status"] != "ok" and r["b"]["status"] == "ok" for r in improved)
+    # ops whose support differs: 0.20.2's CPU kernels abort on bf16 scale/silu/gelu (the
+    # process dies; on RPC the server dies), 0.25.3 computes them
+    improved = {(r["device"], r["op"], r["type"]) for r in rep["ops"] if r["verdict"] == "improved"}
+    assert {("CPU", "scale", "bf16"), ("CPU", "silu", "bf16"), ("RPC0", "gelu", "bf16")} <= improved
+    crashed = rows[("CPU", "scale", "bf16")]
+    assert crashed["a"]["status"] == "crash" and "ops.cpp" in crashed["a"]["error"]
+    assert rows[("RPC0", "scale", "bf16")]["a"]["status"] == "crash"
     # every cell has a verdict the schema knows and a threshold where something computed
     assert all(r["threshold"] for r in rep["ops"] if "ok" in (r["a"]["status"], r["b"]["status"]))
 

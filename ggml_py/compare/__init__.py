@@ -119,7 +119,7 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
     devs = [d for d in all_devs if devices is None or d in devices]
     op_names = [c.op for c in CASES if ops is None or c.op in ops]
     type_names = [t for t in TYPES if types is None or t in types]
-    cells = _cells(devs, op_names, type_names)
+    cells = _cells(devs, op_names, type_names) if op_names else []
     res_a = run_cells(sa, cells, progress) if cells else []
     res_b = run_cells(sb, cells, progress) if cells else []
 
@@ -189,6 +189,8 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--devices", metavar="LIST", help="comma list of device names for the op matrix")
     p.add_argument("--ops", metavar="LIST", help="comma list of ops (default: every op)")
     p.add_argument("--types", metavar="LIST", help=f"comma list of types (default: {','.join(TYPES)})")
+    p.add_argument("--api-only", action="store_true",
+                   help="API and runtime only: no op matrix, no speed table")
     p.add_argument("--rounds", type=int, default=5, help="speed rounds per side (0: no speed table)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads of the speed table's CPU "
                    "and RPC backends (default 1: kernels, not thread scheduling, on a busy machine)")
@@ -209,8 +211,8 @@ def main(argv=None) -> int:
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()] if s else None  # noqa: E731
     try:
         rep = compare(args.a, args.b, source=args.source, backends=args.backends,
-                      devices=split(args.devices), ops=split(args.ops), types=split(args.types),
-                      rounds=args.rounds, threads=args.threads, max_slowdown=args.max_slowdown,
+                      devices=split(args.devices), ops=[] if args.api_only else split(args.ops),
+                      types=split(args.types), rounds=0 if args.api_only else args.rounds, threads=args.threads, max_slowdown=args.max_slowdown,
                       backend_ops=args.backend_ops, backend_ops_filter=args.backend_ops_filter,
                       progress=Progress(quiet=args.quiet))
     except CompareError as e:

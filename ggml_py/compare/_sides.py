@@ -158,20 +158,21 @@ def run_cells(side: Side, cells: list, progress, cell_timeout: float = 120) -> l
                     current = None
             proc.wait()
             restarts += 1
-            if current is None:
-                if all(r is not None for r in results[start:]):
-                    break
+            if current is not None:
+                results[current] = {
+                    "status": "timeout" if timed_out else "crash",
+                    "error": (f"no result within {cell_timeout:.0f} s" if timed_out else
+                              f"the process died (exit {proc.returncode}): {_tail(err_path)}")}
+            missing = next((i for i in range(start, len(cells)) if results[i] is None), None)
+            if missing is None:
+                break
+            if missing == start and current is None:
                 # died before its first cell: every remaining cell fails the same way
                 why = f"the worker exited with code {proc.returncode}: {_tail(err_path)}"
                 for i in range(start, len(cells)):
-                    if results[i] is None:
-                        results[i] = {"status": "error", "error": why}
+                    results[i] = {"status": "error", "error": why}
                 break
-            results[current] = {
-                "status": "timeout" if timed_out else "crash",
-                "error": (f"no result within {cell_timeout:.0f} s" if timed_out else
-                          f"the process died (exit {proc.returncode}): {_tail(err_path)}")}
-            start = current + 1
+            start = missing
     return [r if r is not None else {"status": "error", "error": "no result"} for r in results]
 
 

@@ -113,6 +113,14 @@ def ops_main(cells_path: str, start: int) -> int:
                 res = run_cell(gg, dev, backends[dname], op, ty)
             except gg.GGMLError as e:     # e.g. the device refused the buffer
                 res = {"status": "error", "error": f"{type(e).__name__}: {e}"}
+        if server is not None and dname.startswith("RPC") and not server.alive:
+            # the server died in this cell (ggml_py's client raised instead of aborting): a
+            # crash of this cell; a new worker with a new server takes the next one
+            err = server.proc.stderr.read().decode(errors="replace") if server.proc.stderr else ""
+            tail = " | ".join(ln for ln in err.splitlines() if ln.strip())[-400:]
+            print(f"= {i} {json.dumps({'status': 'crash', 'error': f'the RPC server died: {tail}'})}",
+                  flush=True)
+            return 0
         print(f"= {i} {json.dumps(res)}", flush=True)
     for be in backends.values():
         be.close()
