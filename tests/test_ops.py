@@ -287,3 +287,25 @@ def test_bad_graph_input_raises(cpu, rpc_devs, case):
     be.compute(gg.Graph(out))
     assert out.numpy()[0, 0] == 2
     ctx.close(); uctx.close(); be.close(); rb.close()
+
+
+@pytest.mark.parametrize("bad", [6, -1, 1 << 40])
+@pytest.mark.parametrize("dev_kind", ["CPU", "RPC0"])
+def test_row_indices_are_range_checked_at_compute(rpc_devs, dev_kind, bad):
+    """ggml asserts on an index out of range (an RPC server dies of it): each compute checks
+    the index inputs' values first, the boundary included."""
+    with gg.device(dev_kind).backend() as be, gg.Context() as ctx:
+        table = ctx.from_numpy(np.arange(48, dtype=np.float32).reshape(6, 8))
+        idx = ctx.from_numpy(np.array([0, 5], np.int64 if bad > 2 ** 31 else np.int32))
+        dst = ctx.from_numpy(np.zeros((6, 8), np.float32))
+        src = ctx.from_numpy(np.ones((2, 8), np.float32))
+        ctx.alloc(be)
+        g1, g2 = gg.Graph(gg.get_rows(table, idx)) if bad < 2 ** 31 else None, gg.Graph(gg.set_rows(dst, src, idx))
+        for g in (g1, g2):
+            if g is None:
+                continue
+            be.compute(g)                                  # in range: fine
+            idx.set(np.array([0, bad], idx.dtype))
+            with pytest.raises(gg.InvalidArgument, match=f"index {bad} is out of range for 6 rows"):
+                be.compute(g)
+            idx.set(np.array([0, 5], idx.dtype))

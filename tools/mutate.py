@@ -1,0 +1,201 @@
+"""Delete each validation rule of ggml_py in turn and show that a test fails without it.
+
+    python tools/mutate.py            # every mutation; exit 1 if one survives
+    python tools/mutate.py -k rows    # those whose name contains "rows"
+    python tools/mutate.py --list
+
+Each mutation edits one check in a **copy** of the package (a temporary folder holding
+ggml_py/ with its lib/ linked, tests/ and vendor/releases.toml), never the working tree, and
+runs the tests that guard that check there. A mutation is "killed" when those tests fail (a
+refusal test whose message no longer matches, or a crash of the test process: the rule kept
+ggml from aborting). A surviving mutation means a rule no test notices.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+def OPS(*cases: str) -> list[str]:
+    return [f"tests/test_ops.py::test_bad_graph_input_raises[{c}]" for c in cases]
+
+
+def BAD(*cases: str) -> list[str]:
+    return [f"tests/test_bad_input.py::test_bad_input_raises_and_nothing_is_lost[{c}]" for c in cases]
+
+
+# name: (file, text of the rule, what replaces it, pytest arguments that must then fail)
+MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
+    "binary op repeat rule": (
+        "ggml_py/ops/elementwise.py", "    if not can_repeat(b, a):", "    if False:",
+        OPS("gg.add shapes")),
+    "binary op layout rule": (
+        "ggml_py/ops/elementwise.py", '    rows(name, ("a", a))\n    return build(a, fn, a.ptr, b.ptr',
+        "    return build(a, fn, a.ptr, b.ptr", OPS("gg.add strided a")),
+    "mul_mat batch rule": (
+        "ggml_py/ops/linalg.py", "    require(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0,\n            f\"mul_mat: b's",
+        "    require(True,\n            f\"mul_mat: b's", OPS("mul_mat batch")),
+    "mul_mat inner rule": (
+        "ggml_py/ops/linalg.py", "require(a.ne[0] == b.ne[0], f\"mul_mat: inner", "require(True, f\"mul_mat: inner",
+        OPS("mul_mat inner")),
+    "mul_mat transposed rule": (
+        "ggml_py/ops/linalg.py", "require(not a.is_transposed,", "require(True,",
+        OPS("mul_mat transposed a")),
+    "index range check off by one": (
+        "ggml_py/_graph.py", "(lo < 0 or hi >= rows)", "(lo < 0 or hi > rows)",
+        ["tests/test_ops.py", "-k", "range_checked"]),
+    "copy_async shape rule": (
+        "ggml_py/_transfer.py", 'require(src.ne == dst.ne, f"copy_async: shapes differ',
+        'require(True, f"copy_async: shapes differ', BAD("copy size differs")),
+    "copy_async type rule": (
+        "ggml_py/_transfer.py", "    require(src.type == dst.type,\n            f\"copy_async: types",
+        "    require(True,\n            f\"copy_async: types", BAD("copy type differs")),
+    "set bounds rule": (
+        "ggml_py/_transfer.py", "require(offset + array.nbytes <= t.nbytes,", "require(True,",
+        BAD("set out of bounds", "set_async out of bounds")),
+    "set dtype rule": (
+        "ggml_py/_transfer.py", "        require(array.dtype == t.dtype,", "        require(True,",
+        BAD("set wrong dtype", "set_async wrong dtype")),
+    "unallocated tensor rule": (
+        "ggml_py/_tensor_base.py", "        if p.buffer == ffi.NULL or p.data == ffi.NULL:\n            raise InvalidArgument",
+        "        if False:\n            raise InvalidArgument", BAD("set on unallocated tensor", "numpy of unallocated tensor")),
+    "closed context rule": (
+        "ggml_py/_tensor_base.py", "        if self.ctx._raw is None:\n            raise ClosedError",
+        "        if False:\n            raise ClosedError", BAD("tensor of closed context")),
+    "reduction layout rule": (
+        "ggml_py/ops/reduce.py", '    rows("sum_rows", ("a", a))\n', "",
+        OPS("sum_rows transposed")),
+    "unary layout rule": (
+        "ggml_py/ops/elementwise.py", '        rows(name, ("a", a))\n        return build(a, fn, a.ptr)',
+        "        return build(a, fn, a.ptr)", OPS("unary strided")),
+    "norm eps rule": (
+        "ggml_py/ops/nn.py", 'require(e >= 0.0, f"{op}: eps must be >= 0', 'require(True, f"{op}: eps must be >= 0',
+        OPS("norm negative eps")),
+    "soft_max max_bias rule": (
+        "ggml_py/ops/nn.py", 'require(max_bias <= 0.0, "soft_max: max_bias needs a mask',
+        'require(True, "soft_max: max_bias needs a mask', OPS("softmax max_bias without mask")),
+    "soft_max contiguity rule": (
+        "ggml_py/ops/nn.py", '    contiguous("soft_max", ("a", a))\n', "",
+        OPS("softmax transposed")),
+    "top_k range rule": (
+        "ggml_py/ops/reduce.py", 'require(1 <= k <= a.ne[0], f"top_k', 'require(True, f"top_k',
+        OPS("top_k more than a row")),
+    "get_rows shape rule": (
+        "ggml_py/ops/index.py", "require(a.ne[2] == idx.ne[1] and a.ne[3] == idx.ne[2] and idx.ne[3] == 1,",
+        "require(True,", OPS("get_rows index shape", "get_rows batch of tables")),
+    "view bounds rule": (
+        "ggml_py/ops/shape.py", "    require(offset >= 0 and last <= a.nbytes,", "    require(True,",
+        OPS("view past end", "view negative offset")),
+    "reshape count rule": (
+        "ggml_py/ops/shape.py", "    require(prod(dims) == a.size,", "    require(True,",
+        OPS("reshape count")),
+    "permute rule": (
+        "ggml_py/ops/shape.py", "require(sorted(ax) == list(range(n)),", "require(True,",
+        OPS("permute axes")),
+    "conv stride rule": (
+        "ggml_py/ops/conv.py", "require(s0 > 0 and s1 > 0 and d0 > 0 and d1 > 0 and p0 >= 0 and p1 >= 0,",
+        "require(True,", OPS("conv_2d zero stride")),
+    "shape axes rule": (
+        "ggml_py/_tensor_base.py", 'require(all(s > 0 for s in dims), f"{what}: every axis',
+        'require(True, f"{what}: every axis', BAD("bad shape")),
+    "shape integer rule": (
+        "ggml_py/_tensor_base.py", "            dims = tuple(operator.index(s) for s in shape)",
+        "            dims = tuple(int(s) for s in shape)", OPS("tensor float shape")),
+    "graph capacity rule": (
+        "ggml_py/_graph.py", "            require(capacity >= count,", "            require(True,",
+        OPS("graph capacity too small")),
+    "graph input memory rule": (
+        "ggml_py/_graph.py", "            if not is_node and t.data == ffi.NULL:\n                name",
+        "            if False:\n                name", OPS("compute unallocated")),
+    "scheduler CPU-last rule": (
+        "ggml_py/_scheduler.py", 'require(backends[-1].device.type == "cpu",', "require(True,",
+        OPS("scheduler without cpu last")),
+    "scheduler input rule": (
+        "ggml_py/_scheduler.py", "                if not int(t.flags) & _INPUT:", "                if False:",
+        ["tests/test_scheduler.py", "-k", "llama_cpp"]),
+    "buffer max size rule": (
+        "ggml_py/_device.py", "        if n > self.max_size:", "        if False:",
+        BAD("buffer over max size")),
+    "closed buffer unallocates its tensors": (
+        "ggml_py/_context.py", "                buf.on_close(lambda b=b: self._lose(b))\n", "",
+        ["tests/test_tensor.py", "-k", "closing_a_buffer"]),
+    "RPC port rule": (
+        "ggml_py/rpc.py", "require(port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536,",
+        "require(True,", ["tests/test_rpc.py", "-k", "malformed"]),
+    "result context rule (one construction path)": (
+        "ggml_py/ops/_common.py", "    ctx = owner.ctx\n", "    ctx = next(iter(uses), owner).ctx  # type: ignore[call-overload]\n",
+        ["tests/test_tensor.py", "-k", "keeps_the_context"]),
+}
+
+
+def _copy_tree(dst: Path) -> None:
+    shutil.copytree(ROOT / "ggml_py", dst / "ggml_py",
+                    ignore=shutil.ignore_patterns("lib", "__pycache__"))
+    os.symlink(ROOT / "ggml_py" / "lib", dst / "ggml_py" / "lib")
+    shutil.copytree(ROOT / "tests", dst / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    (dst / "vendor").mkdir()
+    shutil.copy(ROOT / "vendor" / "releases.toml", dst / "vendor" / "releases.toml")
+    for extra in ("pyproject.toml",):
+        shutil.copy(ROOT / extra, dst / extra)
+
+
+def run(name: str, work: Path, timeout: int) -> tuple[bool, str, float]:
+    """(killed, how, seconds) for the mutation `name`."""
+    path, old, new, args = MUTATIONS[name]
+    target = work / path
+    original = target.read_text()
+    if original.count(old) != 1:
+        return False, f"rule text not found once in {path} (update tools/mutate.py)", 0.0
+    target.write_text(original.replace(old, new))
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly",
+                            "-p", "no:cacheprovider", *args], cwd=work, capture_output=True,
+                           text=True, timeout=timeout,
+                           env=dict(os.environ, PYTHONPATH=str(work), PYTHONDONTWRITEBYTECODE="1"))
+        out = (r.stdout + r.stderr).strip().splitlines()
+        tail = out[-1] if out else ""
+        if r.returncode < 0:
+            return True, f"test process killed by signal {-r.returncode} (the rule kept ggml from crashing)", time.monotonic() - t0
+        if r.returncode in (4, 5):
+            return False, f"bad test selection (update tools/mutate.py): {tail}", time.monotonic() - t0
+        return r.returncode != 0, tail, time.monotonic() - t0
+    except subprocess.TimeoutExpired:
+        return True, "tests hung", time.monotonic() - t0
+    finally:
+        target.write_text(original)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-k", default="", help="only mutations whose name contains this")
+    p.add_argument("--list", action="store_true")
+    p.add_argument("--timeout", type=int, default=300)
+    args = p.parse_args(argv)
+    names = [n for n in MUTATIONS if args.k in n]
+    if args.list:
+        print("\n".join(names))
+        return 0
+    survived = []
+    with tempfile.TemporaryDirectory(prefix="ggml_py_mutate_") as tmp:
+        work = Path(tmp)
+        _copy_tree(work)
+        for name in names:
+            killed, how, secs = run(name, work, args.timeout)
+            print(f"{'killed  ' if killed else 'SURVIVED'} {name:45s} {secs:5.1f}s  {how}", flush=True)
+            if not killed:
+                survived.append(name)
+    print(f"\n{len(names) - len(survived)} of {len(names)} mutations killed"
+          + (f"; survived: {', '.join(survived)}" if survived else ""))
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
