@@ -10,6 +10,7 @@ buffer type it used, so this module needs nothing from the device module.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,7 +50,12 @@ class Buffer(Owned):
         self._on_close.append(fn)
 
     def close(self) -> None:
-        with self._lock:
+        # the owning context's lock first: a thread setting or computing on tensors of that
+        # context holds it, and the memory must not go under it
+        with contextlib.ExitStack() as stack:
+            for p in self._parents:
+                stack.enter_context(p._lock)
+            stack.enter_context(self._lock)
             if self._raw is not None:
                 for fn in self._on_close:
                     fn()

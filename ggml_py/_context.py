@@ -16,6 +16,7 @@ Threads: building tensors in one context from several threads is serialized by i
 """
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -108,10 +109,17 @@ class Context(Owned):
               uses: Iterable[TensorBase] = (), room: int = 4) -> Tensor:
         """``fn(raw_context, *args)`` in this context, wrapped as a tensor of this context.
         The contexts of `uses` (operands) are recorded as this context's dependencies."""
-        for u in uses:
-            if u.ctx is not self:
-                self.uses(u.ctx)
-        with self._lock:
+        others = [u.ctx for u in uses if u.ctx is not self]
+        for c in others:
+            self.uses(c)
+        # the operands' contexts are locked too: another thread closing one of them waits
+        # until ggml has read the operand, and a context closed meanwhile raises here
+        locks = sorted({id(c): c for c in [self, *others]}.values(), key=id)
+        with contextlib.ExitStack() as stack:
+            for c in locks:
+                stack.enter_context(c._lock)
+                if c._raw is None:
+                    raise ClosedError("an operand's context is closed")
             p = fn(self._room(room), *args)
         if p == ffi.NULL:
             raise GGMLError("ggml returned no tensor")

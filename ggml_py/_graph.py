@@ -12,6 +12,7 @@ lives.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import weakref
@@ -255,7 +256,12 @@ class Graph:
 
     def compute_on(self, backend: "Backend", *, asynchronous: bool) -> None:
         """What ``backend.compute(graph)`` runs: checks, allocation, then ggml's compute."""
-        with backend._lock:
+        with contextlib.ExitStack() as stack:
+            # the backend's lock, then its contexts' (sorted): a context closed by another
+            # thread waits until this compute is done instead of freeing memory under it
+            stack.enter_context(backend._lock)
+            for c in sorted(self._contexts, key=id):
+                stack.enter_context(c._lock)
             backend.ensure_alive()
             self.prepare(backend)
             self.check_indices()

@@ -160,7 +160,9 @@ class Scheduler(Owned):
     def _compute(self, graph: Graph, fn: Callable[..., Any]) -> None:
         require(isinstance(graph, Graph), f"expected a gg.Graph, not {type(graph).__name__}",
                 InvalidType)
-        with self._locked():
+        with self._locked(), contextlib.ExitStack() as stack:
+            for c in sorted(graph.contexts, key=id):
+                stack.enter_context(c._lock)
             self._alive()
             graph.require_open()           # before reading its index inputs
             if not any(entry[0] is graph for entry in self._placed):

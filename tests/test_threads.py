@@ -1,0 +1,146 @@
+"""Objects used from several threads at once, with real threads: cffi releases the GIL around
+every C call, so without the per-object locks these gave wrong results, lost tensors and
+segfaults (closing a backend another thread computes on)."""
+import threading
+
+import numpy as np
+import pytest
+
+import ggml_py as gg
+
+N_THREADS = 4
+
+
+def _run(workers):
+    errors = []
+
+    def wrap(fn):
+        def run():
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 (collected, then raised by the test)
+                errors.append(e)
+        return run
+    threads = [threading.Thread(target=wrap(w)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return errors
+
+
+@pytest.mark.parametrize("kind", ["CPU", "RPC0"])
+def test_threads_computing_on_one_backend_get_their_own_results(rpc_devs, kind):
+    with gg.device(kind).backend() as be:
+        ctxs, jobs = [], []
+        for i in range(N_THREADS):
+            ctx = gg.Context()
+            x = ctx.from_numpy(np.full((16, 16), float(i), np.float32))
+            ctx.alloc(be)
+            out = x * 2.0 + 1.0
+            ctxs.append(ctx)
+            jobs.append((x, out, gg.Graph(out), float(i)))
+
+        def worker(job):
+            x, out, g, v = job
+
+            def run():
+                for _ in range(30):
+                    be.compute(g)
+                    got = out.numpy(copy=True)
+                    assert np.all(got == v * 2 + 1), (v, got[0, 0])
+            return run
+        errors = _run([worker(j) for j in jobs])
+        assert not errors, errors[0]
+        for c in ctxs:
+            c.close()
+
+
+def test_threads_building_in_one_context_lose_nothing(cpu):
+    with cpu.backend() as be, gg.Context(capacity=64) as ctx:
+        a = ctx.from_numpy(np.ones(8, np.float32))
+        ctx.alloc(be)
+        made = [[] for _ in range(N_THREADS)]
+
+        def worker(i):
+            def run():
+                t = a
+                for _ in range(200):
+                    t = t + a
+                    made[i].append(t)
+            return run
+        errors = _run([worker(i) for i in range(N_THREADS)])
+        assert not errors, errors[0]
+        ptrs = {int(gg.ffi.cast("uintptr_t", t.ptr)) for m in made for t in m}
+        assert len(ptrs) == N_THREADS * 200                 # every tensor distinct
+        for m in made:
+            be.compute(gg.Graph(m[-1]))
+            assert m[-1].numpy()[0] == 201
+
+
+def test_closing_a_backend_another_thread_computes_on_is_safe(cpu):
+    for _ in range(5):
+        be = cpu.backend()
+        ctx = gg.Context()
+        x = ctx.from_numpy(np.ones((64, 64), np.float32))
+        ctx.alloc(be)
+        out = x
+        for _ in range(50):
+            out = gg.tanh(out @ x)
+        g = gg.Graph(out)
+        started = threading.Event()
+
+        def compute():
+            started.set()
+            for _ in range(20):
+                try:
+                    be.compute(g)
+                except gg.ClosedError:
+                    return                     # closed between two computes: refused
+        errors = _run([compute, lambda: (started.wait(), be.close())])
+        assert not errors, errors[0]
+        assert be.closed
+        ctx.close()
+
+
+def test_closing_a_context_while_another_thread_builds_and_computes(cpu):
+    with cpu.backend() as be:
+        for _ in range(5):
+            ctx = gg.Context()
+            x = ctx.from_numpy(np.ones((32, 32), np.float32))
+            ctx.alloc(be)
+            started = threading.Event()
+
+            def work():
+                started.set()
+                try:
+                    for _ in range(200):
+                        out = gg.relu(x @ x) + 1.0
+                        be.compute(gg.Graph(out))
+                        assert out.numpy(copy=True)[0, 0] == 33.0
+                except gg.ClosedError:
+                    pass                       # the context closed: refused, no crash
+            errors = _run([work, lambda: (started.wait(), ctx.close())])
+            assert not errors, errors[0]
+
+
+def test_a_buffer_closed_while_another_thread_sets_tensors(cpu):
+    with cpu.backend() as be:
+        for _ in range(5):
+            ctx = gg.Context()
+            t = ctx.tensor(gg.f32, (256, 256))
+            (buf,) = ctx.alloc(be)
+            data = np.ones((256, 256), np.float32)
+            started = threading.Event()
+
+            def setter():
+                started.set()
+                for _ in range(200):
+                    try:
+                        t.set(data)
+                    except gg.InvalidArgument as e:  # the buffer went: "has no memory"
+                        assert "has no memory" in str(e)
+                        return
+            errors = _run([setter, lambda: (started.wait(), buf.close())])
+            assert not errors, errors[0]
+            ctx.close()
