@@ -32,13 +32,10 @@ def shape_of(shape: Any, what: str = "shape") -> tuple[int, ...]:
     """A numpy-order shape of 1..4 positive ints (``operator.index``: no floats, no strings)."""
     if isinstance(shape, (str, bytes)):
         raise InvalidType(f"{what} must be an int or a sequence of ints, not {shape!r}")
-    try:
-        dims: tuple[int, ...] = (operator.index(shape),)
-    except TypeError:
-        try:
-            dims = tuple(operator.index(s) for s in shape)
-        except TypeError:
-            raise InvalidType(f"{what} must be an int or a sequence of ints, not {shape!r}") from None
+    if hasattr(shape, "__iter__"):
+        dims: tuple[int, ...] = tuple(index_of(s, what) for s in shape)
+    else:
+        dims = (index_of(shape, what),)
     require(1 <= len(dims) <= MAX_DIMS, f"{what}: tensors have 1 to {MAX_DIMS} axes, got {len(dims)}")
     require(all(s > 0 for s in dims), f"{what}: every axis must be >= 1, got {dims}")
     n = 1
@@ -101,6 +98,8 @@ class TensorBase:
     @property
     def ne(self) -> tuple[int, ...]:
         """ggml's shape: elements per dimension, fastest first (always 4 entries)."""
+        if self.ctx._raw is None:
+            raise ClosedError("this tensor's context is closed")
         if self._ne is None:
             self._ne = tuple(int(x) for x in self.ptr.ne)
         return self._ne

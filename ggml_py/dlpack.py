@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ._context import Context
     from ._tensor import Tensor
 from ._loader import ffi, lib
-from .errors import InvalidArgument, UnsupportedError, check, require
+from .errors import InvalidArgument, InvalidType, UnsupportedError, check, require
 
 KDL_CPU, KDL_CUDA = 1, 2
 _INT, _UINT, _FLOAT, _BFLOAT = 0, 1, 2, 4
@@ -146,6 +146,11 @@ def from_dlpack(obj: Any, ctx: "Context", name: str | None = None) -> "Tensor":
     """A tensor of `ctx` over the memory of `obj` (any DLPack producer: numpy, torch, jax...),
     without a copy. The memory must be host memory, C-contiguous and aligned as the CPU
     device requires; `obj` is kept alive with the context."""
+    if not hasattr(obj, "__dlpack__"):
+        raise InvalidType(f"from_dlpack: expected a DLPack producer (numpy, torch, jax...), "
+                          f"not {type(obj).__name__}")
+    if not hasattr(ctx, "adopt"):
+        raise InvalidType(f"from_dlpack: ctx must be a gg.Context, not {type(ctx).__name__}")
     dev_type = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else KDL_CPU
     if int(dev_type) != KDL_CPU:
         raise UnsupportedError(

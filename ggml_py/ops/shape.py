@@ -78,10 +78,9 @@ def permute(a: Tensor, axes: Any) -> Tensor:
     n = a.ndim
     if isinstance(axes, (str, bytes)):
         raise InvalidType(f"permute: axes must be ints, not {axes!r}")
-    try:
-        ax = tuple(index_of(x, "permute: axes") for x in axes)
-    except TypeError:
-        raise InvalidType(f"permute: axes must be a sequence of ints, not {axes!r}") from None
+    if not hasattr(axes, "__iter__"):
+        raise InvalidType(f"permute: axes must be a sequence of ints, not {axes!r}")
+    ax = tuple(index_of(x, "permute: axes") for x in axes)
     ax = tuple(x + n if x < 0 else x for x in ax)
     require(sorted(ax) == list(range(n)), f"permute: axes {tuple(axes)} are not a permutation "
                                           f"of {n} axes")
@@ -172,12 +171,10 @@ def pad(a: Tensor, widths: Any) -> Tensor:
     require(a.type.name == "f32", f"pad: takes f32, got {a.type.name}", InvalidType)
     if isinstance(widths, (str, bytes)):
         raise InvalidType(f"pad: widths must be ints or pairs of ints, not {widths!r}")
-    try:
-        ws = list(widths)
-        pairs = [(0, index_of(w, "pad: widths")) if not hasattr(w, "__len__")
-                 else tuple(index_of(x, "pad: widths") for x in w) for w in ws]
-    except TypeError:
-        raise InvalidType(f"pad: widths must be ints or pairs of ints, not {widths!r}") from None
+    if not hasattr(widths, "__iter__"):
+        raise InvalidType(f"pad: widths must be ints or pairs of ints, not {widths!r}")
+    pairs = [(0, index_of(w, "pad: widths")) if not hasattr(w, "__iter__")
+             else tuple(index_of(x, "pad: widths") for x in w) for w in widths]
     require(len(pairs) == a.ndim, f"pad: {len(pairs)} widths for {a.ndim} axes")
     require(all(len(p) == 2 and p[0] >= 0 and p[1] >= 0 for p in pairs),
             f"pad: widths {widths} must be non-negative (before, after) pairs")
