@@ -85,6 +85,14 @@ def pytest_runtest_logfinish(nodeid, location):
         _append(path, {"done": nodeid})
 
 
+def pytest_runtest_logreport(report):
+    path = os.environ.get(STATE_ENV)
+    if path and (report.failed or (report.when == "call" and report.passed)
+                 or (report.skipped and report.when != "teardown")):
+        outcome = "failed" if report.failed else report.outcome
+        _append(path, {"outcome": outcome, "id": report.nodeid})
+
+
 def pytest_collection_modifyitems(session, config, items):
     path = os.environ.get(SKIP_ENV)
     if not path or not Path(path).exists():
@@ -162,7 +170,7 @@ def run_releases(releases: list[str], args: list[str], cwd: Path, out=None) -> i
     for rel, code, summary, crashed in results:
         say(f"ggml {rel}: {summary}")
         for nodeid, why in crashed:
-            say(f"    CRASHED {nodeid} ({why})")
+            say(f"    FAILED {nodeid}" if why == "failed" else f"    CRASHED {nodeid} ({why})")
         worst = max(worst, code)
     return worst
 
@@ -202,6 +210,10 @@ def _run_one(release: str, folder: Path, args: list[str], cwd: Path, say):
                    "no tests ran" if code == 5 else f"failed (exit {code})")
         if n_crash:
             summary += f", {n_crash} test(s) crashed the process"
+        outcomes = _outcomes(state)
+        counts = {k: sum(v == k for v in outcomes.values()) for k in ("passed", "failed", "skipped")}
+        summary += " (" + ", ".join(f"{v} {k}" for k, v in counts.items()) + ")"
+        crashed += [(n, "failed") for n, v in outcomes.items() if v == "failed"]
         # exit status 5 (nothing collected) in one release is no failure of the matrix
         return (0 if code == 5 else code), summary, crashed
 
@@ -213,6 +225,17 @@ def _read_state(path: Path) -> tuple[list[str], set[str]]:
             rec = json.loads(line)
             if "start" in rec:
                 started.append(rec["start"])
-            else:
+            elif "done" in rec:
                 done.add(rec["done"])
     return started, done
+
+
+def _outcomes(path: Path) -> dict[str, str]:
+    """{test id: passed/failed/skipped} over every run of one release (failed wins)."""
+    out: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if "outcome" in rec and out.get(rec["id"]) != "failed":
+                out[rec["id"]] = rec["outcome"]
+    return out
