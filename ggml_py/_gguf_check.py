@@ -129,6 +129,12 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
+def _short(s: str, limit: int = 60) -> str:
+    """A name for a message: quoted, and cut when a damaged length made it huge."""
+    r = repr(s)
+    return r if len(r) <= limit else r[:limit] + f"… ({len(s)} characters)"
+
+
 def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name: int = 64,
          max_dims: int = 4, max_version: int = 3) -> Layout:
     """Walk the GGUF structure in `buf` (`size` bytes). `traits`: ggml type id ->
@@ -162,32 +168,32 @@ def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name:
         if not raw:
             raise Malformed(f"key {i} is empty")
         if b"\0" in raw:
-            raise Malformed(f"key {i} {_text(raw)!r} contains a NUL byte")
+            raise Malformed(f"key {i} {_short(_text(raw))} contains a NUL byte")
         key = _text(raw)
         if key in seen:
-            raise Malformed(f"duplicate key {key!r} (pair {i})")
+            raise Malformed(f"duplicate key {_short(key)} (pair {i})")
         seen.add(key)
-        t = w.fixed(_I32, f"the type of {key!r}")
+        t = w.fixed(_I32, f"the type of {_short(key)}")
         et, n = t, 1
         if t == T_ARR:
-            et = w.fixed(_I32, f"the element type of {key!r}")
-            n = w.fixed(_U64, f"the length of {key!r}")
+            et = w.fixed(_I32, f"the element type of {_short(key)}")
+            n = w.fixed(_U64, f"the length of {_short(key)}")
             if et == T_ARR or et not in VALUE_TYPES:
-                raise Malformed(f"key {key!r}: invalid array element type {et}")
+                raise Malformed(f"key {_short(key)}: invalid array element type {et}")
             if n > MAX_ARRAY:
-                raise Malformed(f"key {key!r}: {n} elements exceed ggml's limit of {MAX_ARRAY}")
+                raise Malformed(f"key {_short(key)}: {n} elements exceed ggml's limit of {MAX_ARRAY}")
         elif t not in VALUE_TYPES:
-            raise Malformed(f"key {key!r}: invalid value type {t}")
+            raise Malformed(f"key {_short(key)}: invalid value type {t}")
         start = w.pos
         if et == T_STR:
             if t == T_ARR:
-                w.need(8 * n, f"the {n} strings of {key!r}")
-                w.skip_strings(n, f"array {key!r}")
+                w.need(8 * n, f"the {n} strings of {_short(key)}")
+                w.skip_strings(n, f"array {_short(key)}")
             else:
-                w.string(f"the value of {key!r}")
+                w.string(f"the value of {_short(key)}")
         else:
             nb = VALUE_TYPES[et][1] * n
-            w.need(nb, f"the value of {key!r} ({n} x {VALUE_TYPES[et][0]})")
+            w.need(nb, f"the value of {_short(key)} ({n} x {VALUE_TYPES[et][0]})")
             w.pos += nb
         kvs.append(KV(key, t, et, n, start, w.pos))
 
@@ -207,34 +213,34 @@ def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name:
         if len(raw) >= max_name:
             raise Malformed(f"tensor {i}: name of {len(raw)} bytes, ggml allows {max_name - 1}")
         if b"\0" in raw:
-            raise Malformed(f"tensor {i}: name {_text(raw)!r} contains a NUL byte")
+            raise Malformed(f"tensor {i}: name {_short(_text(raw))} contains a NUL byte")
         name = _text(raw)
         if name in names:
-            raise Malformed(f"duplicate tensor name {name!r} (tensor {i})")
+            raise Malformed(f"duplicate tensor name {_short(name)} (tensor {i})")
         names.add(name)
-        n_dims = w.fixed(_U32, f"the dimension count of tensor {name!r}")
+        n_dims = w.fixed(_U32, f"the dimension count of tensor {_short(name)}")
         if n_dims > max_dims:
-            raise Malformed(f"tensor {name!r}: {n_dims} dimensions, ggml allows {max_dims}")
-        ne = [w.fixed(_I64, f"dimension {j} of tensor {name!r}") for j in range(n_dims)]
+            raise Malformed(f"tensor {_short(name)}: {n_dims} dimensions, ggml allows {max_dims}")
+        ne = [w.fixed(_I64, f"dimension {j} of tensor {_short(name)}") for j in range(n_dims)]
         ne += [1] * (max_dims - n_dims)
         if any(d < 0 for d in ne):
-            raise Malformed(f"tensor {name!r}: negative dimension in {ne[:n_dims]}")
+            raise Malformed(f"tensor {_short(name)}: negative dimension in {ne[:n_dims]}")
         count = 1
         for d in ne:
             count *= d if d > 1 else 1
         if count > INT64_MAX:
-            raise Malformed(f"tensor {name!r}: {ne[:n_dims]} has more elements than int64 holds")
-        t = w.fixed(_I32, f"the type of tensor {name!r}")
+            raise Malformed(f"tensor {_short(name)}: {ne[:n_dims]} has more elements than int64 holds")
+        t = w.fixed(_I32, f"the type of tensor {_short(name)}")
         if t not in traits:
-            raise Malformed(f"tensor {name!r}: unknown ggml type {t}")
+            raise Malformed(f"tensor {_short(name)}: unknown ggml type {t}")
         tname, blck, tsize = traits[t]
         if ne[0] % blck:
-            raise Malformed(f"tensor {name!r}: {ne[0]} values per row is not a multiple of "
+            raise Malformed(f"tensor {_short(name)}: {ne[0]} values per row is not a multiple of "
                             f"{tname}'s block size {blck}")
         nbytes = 0 if 0 in ne else ne[0] // blck * tsize * ne[1] * ne[2] * ne[3]
         if nbytes > SIZE_MAX - alignment:
-            raise Malformed(f"tensor {name!r}: {nbytes} bytes is more than memory can address")
-        offset = w.fixed(_U64, f"the offset of tensor {name!r}")
+            raise Malformed(f"tensor {_short(name)}: {nbytes} bytes is more than memory can address")
+        offset = w.fixed(_U64, f"the offset of tensor {_short(name)}")
         tensors.append(TensorSpan(name, n_dims, tuple(ne), t, offset, nbytes))
 
     data_offset = _pad(w.pos, alignment) if tensors else w.pos
@@ -244,10 +250,10 @@ def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name:
     expected = 0
     for ts in tensors:
         if ts.offset != expected:
-            raise Malformed(f"tensor {ts.name!r}: offset {ts.offset}, expected {expected} (ggml "
+            raise Malformed(f"tensor {_short(ts.name)}: offset {ts.offset}, expected {expected} (ggml "
                             f"needs tensors in file order, each padded to {alignment} bytes)")
         end = data_offset + ts.offset + ts.nbytes
         if end > size:
-            raise Malformed(f"truncated: tensor {ts.name!r} ends at byte {end}, the file has {size}")
+            raise Malformed(f"truncated: tensor {_short(ts.name)} ends at byte {end}, the file has {size}")
         expected += _pad(ts.nbytes, alignment)
     return Layout(version, kvs, tensors, alignment, data_offset, size)

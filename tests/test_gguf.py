@@ -482,6 +482,14 @@ def test_bad_file_raises(tmp_path, data, match):
         gguf.read(p)
 
 
+def test_damaged_names_are_cut_in_messages(tmp_path):
+    p = tmp_path / "long.gguf"
+    p.write_bytes(build([_kv("k" * 100_000 + "\0", 4, b"\0" * 4)]))
+    with pytest.raises(GGUFError, match=r"key 0 'kkk.*… \(100001 characters\) contains a NUL") as e:
+        gguf.read(p)
+    assert len(str(e.value)) < 200 + len(str(p))
+
+
 def test_good_reference_file_reads(tmp_path):
     p = tmp_path / "good.gguf"
     p.write_bytes(GOOD)
