@@ -20,7 +20,7 @@ from . import _transfer
 from . import ops
 from ._loader import ffi, lib
 from ._tensor_base import MAX_DIMS, TensorBase
-from .ops._common import can_repeat
+from .ops._common import can_repeat, scalable
 from .errors import ClosedError, InvalidArgument, InvalidType, require
 
 Scalar = int | float | np.integer | np.floating
@@ -34,6 +34,11 @@ def _packed(t: "Tensor") -> "Tensor":
     """`t`, or a contiguous copy when its rows are strided (numpy semantics take any layout)."""
     tt = t.type
     return t if tt.block_size > 1 or t.nb[0] == tt.type_size else ops.cont(t)
+
+
+def _padded(t: "Tensor") -> "Tensor":
+    """`t`, or a contiguous copy (ggml's CPU scale kernel needs contiguous input)."""
+    return t if scalable(t) else ops.cont(t)
 
 
 def _broadcast(a: "Tensor", b: "Tensor", name: str) -> tuple["Tensor", "Tensor"]:
@@ -143,51 +148,51 @@ class Tensor(TensorBase):
 
     def __add__(self, other: "Tensor | Scalar") -> "Tensor":
         if _is_scalar(other):
-            return ops.scale_bias(_packed(self), 1.0, float(other))  # type: ignore[arg-type]
+            return ops.scale_bias(_padded(self), 1.0, float(other))  # type: ignore[arg-type]
         if not isinstance(other, Tensor):
             return NotImplemented
         return self._binary(other, "add", ops.add)
 
     def __radd__(self, other: "Scalar") -> "Tensor":
         if _is_scalar(other):
-            return ops.scale_bias(_packed(self), 1.0, float(other))
+            return ops.scale_bias(_padded(self), 1.0, float(other))
         return NotImplemented
 
     def __sub__(self, other: "Tensor | Scalar") -> "Tensor":
         if _is_scalar(other):
-            return ops.scale_bias(_packed(self), 1.0, -float(other))  # type: ignore[arg-type]
+            return ops.scale_bias(_padded(self), 1.0, -float(other))  # type: ignore[arg-type]
         if not isinstance(other, Tensor):
             return NotImplemented
         return self._binary(other, "sub", ops.sub)
 
     def __rsub__(self, other: "Scalar") -> "Tensor":
         if _is_scalar(other):
-            return ops.scale_bias(_packed(self), -1.0, float(other))
+            return ops.scale_bias(_padded(self), -1.0, float(other))
         return NotImplemented
 
     def __mul__(self, other: "Tensor | Scalar") -> "Tensor":
         if _is_scalar(other):
-            return ops.scale(_packed(self), float(other))  # type: ignore[arg-type]
+            return ops.scale(_padded(self), float(other))  # type: ignore[arg-type]
         if not isinstance(other, Tensor):
             return NotImplemented
         return self._binary(other, "mul", ops.mul)
 
     def __rmul__(self, other: "Scalar") -> "Tensor":
         if _is_scalar(other):
-            return ops.scale(_packed(self), float(other))
+            return ops.scale(_padded(self), float(other))
         return NotImplemented
 
     def __truediv__(self, other: "Tensor | Scalar") -> "Tensor":
         if _is_scalar(other):
             c = float(other)  # type: ignore[arg-type]
-            return ops.scale(_packed(self), 1.0 / c if c else math.copysign(math.inf, c))
+            return ops.scale(_padded(self), 1.0 / c if c else math.copysign(math.inf, c))
         if not isinstance(other, Tensor):
             return NotImplemented
         return self._binary(other, "div", ops.div)
 
     def __rtruediv__(self, other: "Scalar") -> "Tensor":
         if _is_scalar(other):
-            a = _packed(self)
+            a = self if self.is_contiguous else ops.cont(self)
             return ops.div(ops.fill(a, float(other)), a)
         return NotImplemented
 

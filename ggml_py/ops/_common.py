@@ -64,6 +64,15 @@ def rows(op: str, *named: tuple[str, TensorBase]) -> None:
                                   f"or permuted view); make them contiguous with gg.cont({what})")
 
 
+def scalable(t: TensorBase) -> bool:
+    """What ggml_scale needs: ggml.c asserts ggml_is_padded_1d (static there: packed rows, planes
+    and batches one after another), the CPU kernel ggml_is_contiguous (which ignores axes of
+    length 1, so both are needed)."""
+    ne, nb = t.ne, t.nb
+    return (nb[0] == t.type.type_size and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]
+            and t.is_contiguous)
+
+
 def contiguous(op: str, *named: tuple[str, TensorBase]) -> None:
     for what, t in named:
         if not t.is_contiguous:
@@ -100,4 +109,5 @@ def build(owner: TensorBase, fn: Callable[..., Any], *args: Any, ndim: int | Non
 
 
 __all__ = ["FLOAT", "CPU_TYPES", "MAX_DIMS", "tensor", "floats", "cpu_type", "rows", "contiguous",
+
            "can_repeat", "prod", "need", "build", "float_of", "index_of"]

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .._loader import lib
 from ..errors import InvalidArgument, InvalidType, UnsupportedError
-from ._common import build, can_repeat, cpu_type, float_of, floats, need, rows, tensor
+from ._common import (build, can_repeat, cpu_type, float_of, floats, need, rows, scalable,
+                      tensor)
 
 if TYPE_CHECKING:
     from .._tensor import Tensor
@@ -55,7 +56,8 @@ def scale(a: Tensor, s: float) -> Tensor:
     a = tensor(a, "scale")
     s = float_of(s, "scale: s")
     cpu_type(a, "scale")
-    rows("scale", ("a", a))
+    if not scalable(a):
+        raise InvalidArgument(f"scale: a {a.shape} must be contiguous (it is a view); use gg.cont(a)")
     return build(a, lib.ggml_scale, a.ptr, s)
 
 
@@ -64,7 +66,9 @@ def scale_bias(a: Tensor, s: float, b: float) -> Tensor:
     a = tensor(a, "scale_bias")
     s, b = float_of(s, "scale_bias: s"), float_of(b, "scale_bias: b")
     cpu_type(a, "scale_bias", "scale")
-    rows("scale_bias", ("a", a))
+    if not scalable(a):
+        raise InvalidArgument(f"scale_bias: a {a.shape} must be contiguous (it is a view); "
+                              "use gg.cont(a)")
     return build(a, need("ggml_scale_bias", "scale_bias"), a.ptr, s, b)
 
 
@@ -74,7 +78,8 @@ def fill(a: Tensor, value: float) -> Tensor:
     v = float_of(value, "fill: value")
     if a.type.name != "f32":
         raise InvalidType(f"fill: ggml fills f32 tensors, not {a.type.name}")
-    rows("fill", ("a", a))
+    if not a.is_contiguous:
+        raise InvalidArgument(f"fill: a {a.shape} must be contiguous; use gg.cont(a)")
     return build(a, need("ggml_fill", "fill"), a.ptr, v)
 
 
