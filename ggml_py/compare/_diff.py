@@ -166,7 +166,7 @@ def speed(rounds_a: list[dict], rounds_b: list[dict], max_slowdown: float | None
         flag = "slower" if ratio > 1 + noise else "faster" if ratio < 1 / (1 + noise) else None
         dev, op = key.split("/", 1)
         rows.append({"device": dev, "op": op, "a_us": ma, "b_us": mb, "ratio": ratio,
-                     "noise": spread, "flag": flag,
+                     "noise": spread, "flag": flag, "a_rounds_us": ta, "b_rounds_us": tb,
                      "regressed": bool(flag == "slower" and max_slowdown is not None
                                        and ratio > max_slowdown)})
     meta = {"rounds": len(rounds_a), "noise_median": statistics.median(noises) if noises else None,
