@@ -3,6 +3,9 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
+from conftest import needs_release
+
+rpc_events = needs_release("0.23.0", "events on RPC devices")
 
 
 def test_cpu_has_no_events(cpu):
@@ -10,6 +13,7 @@ def test_cpu_has_no_events(cpu):
         cpu.event()
 
 
+@rpc_events
 def test_event_lifecycle(rpc_devs):
     d = rpc_devs[0]
     with d.backend() as be, d.event() as ev:
@@ -22,6 +26,7 @@ def test_event_lifecycle(rpc_devs):
         ev.synchronize()
 
 
+@rpc_events
 def test_event_recorded_on_one_rpc_backend_waited_on_by_another(rpc_devs, rng):
     d0, d1 = rpc_devs
     x = rng.standard_normal(4096).astype(np.float32)
@@ -39,12 +44,14 @@ def test_event_recorded_on_one_rpc_backend_waited_on_by_another(rpc_devs, rng):
         ev.close()
 
 
+@rpc_events
 def test_record_on_another_device_raises(rpc_devs):
     with rpc_devs[0].event() as ev, rpc_devs[1].backend() as be:
         with pytest.raises(gg.InvalidArgument, match="cannot be recorded"):
             ev.record(be)
 
 
+@rpc_events
 def test_event_closed_while_a_backend_waits_on_it(rpc_devs, rng):
     d = rpc_devs[0]
     x = rng.standard_normal(4096).astype(np.float32)
