@@ -17,6 +17,7 @@ Threads: building tensors in one context from several threads is serialized by i
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
@@ -37,6 +38,16 @@ if TYPE_CHECKING:
 
 _OVERHEAD = int(lib.ggml_tensor_overhead())
 _MAX_CAPACITY = 1 << 26
+
+
+class _Export:
+    """Held by each zero-copy export of a context's memory (see :meth:`Context.export`)."""
+
+    __slots__ = ("ctx", "memory", "__weakref__")
+
+    def __init__(self, ctx: "Context") -> None:
+        self.ctx = ctx
+        self.memory: list[Any] = []
 
 
 class _Chunk(Owned):
@@ -66,6 +77,7 @@ class Context(Owned):
         self._uses: set[Context] = set()   # other contexts its tensors read (strong)
         self._pending: list[tuple[Tensor, np.ndarray]] = []   # from_numpy values to set
         self._closing = False
+        self._exports: weakref.WeakSet[_Export] = weakref.WeakSet()
 
     # -- chunks ------------------------------------------------------------------------------
     def _new_chunk(self) -> Any:
@@ -165,6 +177,14 @@ class Context(Owned):
         alive with this context; a scheduler's graphs are handed back before it closes."""
         if not any(k is obj for k in self._keep):
             self._keep.append(obj)
+
+    def export(self) -> "_Export":
+        """A token for memory handed out without a copy (``numpy(copy=False)``, DLPack): while
+        a token lives, close() leaves this context's memory (buffers, graph allocations) to
+        the tokens, which free it when the last export is collected."""
+        token = _Export(self)
+        self._exports.add(token)
+        return token
 
     def adopt(self, buffer: Buffer) -> None:
         """Keep `buffer` (memory of some of this context's tensors) until the context closes."""
@@ -283,8 +303,18 @@ class Context(Owned):
                 forget = getattr(k, "_forget", None)
                 if forget is not None and not k.closed:
                     forget()
-            self._keep = []
             self._closing = True
+            exports = list(self._exports)
+            if exports:
+                # memory handed out without a copy outlives close(): the exports own it now
+                memory = [*self._buffers, *(a for k in self._keep
+                                            for a in getattr(k, "_allocs", {}).values())]
+                for m in memory:
+                    self._children.discard(m)
+                    m._parents = ()
+                for token in exports:
+                    token.memory = memory
+            self._keep = []
             super().close()        # closes the chunks and buffers (children) first
             self._buffers = []
             self._pending = []

@@ -86,7 +86,7 @@ class _HostView:
     """Exposes a host tensor's memory to numpy while keeping the tensor's context alive."""
 
     def __init__(self, t: "Tensor", writable: bool) -> None:
-        self.keep = t.ctx
+        self.keep = t.ctx.export()   # the memory outlives an explicit ctx.close()
         self.__array_interface__ = {
             "shape": t.shape, "typestr": t.type.numpy_dtype.str if t.type.numpy_dtype else "|u1",
             "version": 3,

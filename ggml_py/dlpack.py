@@ -137,7 +137,7 @@ def capsule(t: "Tensor", max_version: Any = None) -> Any:
     dlt.dtype.code, dlt.dtype.bits, dlt.dtype.lanes = code[0], code[1], 1
     dlt.shape, dlt.strides, dlt.byte_offset = shape, strides, 0
     addr = int(_dl.cast("uintptr_t", m))
-    _LIVE[addr] = (m, shape, strides, t.ctx)       # the context holds the buffer
+    _LIVE[addr] = (m, shape, strides, t.ctx.export())   # the memory outlives ctx.close()
     name = b"dltensor_versioned" if versioned else b"dltensor"
     return _api.PyCapsule_New(addr, name, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
 

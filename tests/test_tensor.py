@@ -192,3 +192,26 @@ def test_imports_run_one_way():
                         continue                      # lazily, for Jupyter pictures
                     if target in rank:
                         assert rank[target] <= rank[name], f"{f.name} imports {target}"
+
+
+def test_zero_copy_exports_outlive_an_explicit_close(be):
+    """numpy(copy=False) views and DLPack exports keep the memory they show: closing the
+    context hands the memory to them instead of freeing it under them."""
+    import gc
+    import weakref
+    ctx, (a,) = _alloc(be, X)
+    out = a * 2.0
+    be.compute(gg.Graph(out))
+    view = a.numpy()                              # zero-copy over the context's buffer
+    result = out.numpy()                          # zero-copy over the graph allocator's memory
+    exported = np.from_dlpack(a)
+    buf_ref = weakref.ref(ctx._buffers[0])
+    ctx.close()
+    with pytest.raises(gg.ClosedError, match="context is closed"):
+        a.numpy()
+    junk = [np.ones(1 << 16, np.float32) for _ in range(8)]   # reuse freed memory, if any
+    assert np.array_equal(view, X) and np.array_equal(exported, X)
+    assert np.array_equal(result, X * 2)
+    del view, result, exported, junk
+    gc.collect()
+    assert buf_ref() is None                      # freed once the last export went
