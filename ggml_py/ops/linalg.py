@@ -81,7 +81,9 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 def _packed(t: Tensor) -> Tensor:
     """`t` itself when contiguous, else a contiguous copy (numpy semantics take any layout)."""
-    return t if t.is_contiguous else cont(t)
+    # (ggml_is_contiguous ignores axes of length 1: a transposed (n, 1) view passes it with
+    # strided rows, which mul_mat's kernel refuses)
+    return t if t.is_contiguous and t.nb[0] == t.type.type_size else cont(t)
 
 
 __all__ = ["mul_mat", "out_prod", "matmul"]
