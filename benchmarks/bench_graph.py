@@ -47,6 +47,79 @@ def build_raw(n):
         lib.ggml_free(ctx)
 
 
+def build_and_graph_pythonic(n):
+    """Chain of n adds plus gg.Graph (what a user pays before the first compute)."""
+    with gg.Context() as ctx:
+        x = ctx.tensor(gg.f32, (4096,))
+        y = ctx.tensor(gg.f32, (4096,))
+        t0 = time.perf_counter()
+        t = x
+        for _ in range(n):
+            t = t + y
+        gg.Graph(t)
+        return time.perf_counter() - t0
+
+
+def build_and_graph_raw(n):
+    p = ffi.new("struct ggml_init_params *", {"mem_size": int(lib.ggml_tensor_overhead()) * (n + 8)
+                                              + int(lib.ggml_graph_overhead_custom(2 * n + 16, False)),
+                                              "mem_buffer": ffi.NULL, "no_alloc": True})
+    ctx = lib.ggml_init(p[0])
+    try:
+        x = lib.ggml_new_tensor_1d(ctx, lib.GGML_TYPE_F32, 4096)
+        y = lib.ggml_new_tensor_1d(ctx, lib.GGML_TYPE_F32, 4096)
+        t0 = time.perf_counter()
+        t = x
+        for _ in range(n):
+            t = lib.ggml_add(ctx, t, y)
+        g = lib.ggml_new_graph_custom(ctx, 2 * n + 16, False)
+        lib.ggml_build_forward_expand(g, t)
+        return time.perf_counter() - t0
+    finally:
+        lib.ggml_free(ctx)
+
+
+def first_compute_pythonic(be, n):
+    with gg.Context() as ctx:
+        x = ctx.tensor(gg.f32, (64,))
+        y = ctx.tensor(gg.f32, (64,))
+        ctx.alloc(be)
+        t = x
+        for _ in range(n):
+            t = t + y
+        g = gg.Graph(t)
+        t0 = time.perf_counter()
+        be.compute(g)
+        return time.perf_counter() - t0
+
+
+def first_compute_raw(be, n):
+    """gallocr + compute of the same graph through the raw bindings."""
+    p = ffi.new("struct ggml_init_params *", {"mem_size": int(lib.ggml_tensor_overhead()) * (n + 8)
+                                              + int(lib.ggml_graph_overhead_custom(2 * n + 16, False)),
+                                              "mem_buffer": ffi.NULL, "no_alloc": True})
+    ctx = lib.ggml_init(p[0])
+    try:
+        x = lib.ggml_new_tensor_1d(ctx, lib.GGML_TYPE_F32, 64)
+        y = lib.ggml_new_tensor_1d(ctx, lib.GGML_TYPE_F32, 64)
+        buf = lib.ggml_backend_alloc_ctx_tensors(ctx, be.ptr)
+        t = x
+        for _ in range(n):
+            t = lib.ggml_add(ctx, t, y)
+        g = lib.ggml_new_graph_custom(ctx, 2 * n + 16, False)
+        lib.ggml_build_forward_expand(g, t)
+        t0 = time.perf_counter()
+        galloc = lib.ggml_gallocr_new(lib.ggml_backend_get_default_buffer_type(be.ptr))
+        lib.ggml_gallocr_alloc_graph(galloc, g)
+        lib.ggml_backend_graph_compute(be.ptr, g)
+        dt = time.perf_counter() - t0
+        lib.ggml_gallocr_free(galloc)
+        lib.ggml_backend_buffer_free(buf)
+        return dt
+    finally:
+        lib.ggml_free(ctx)
+
+
 def compute_py(dev, test, size, reps, wtype="f32"):
     rng = np.random.default_rng(0)
     with dev.backend() as be, gg.Context() as ctx:
@@ -94,7 +167,31 @@ def main():
     print(f"build {n} adds: ggml_py {py / n * 1e6:.2f} us/node, raw cffi {raw / n * 1e6:.2f} us/node "
           f"({py / raw:.2f}x)")
 
-    for test, size in (("matmul", args.size), ("chain", n)):
+    py = min(build_and_graph_pythonic(n) for _ in range(3))
+    raw = min(build_and_graph_raw(n) for _ in range(3))
+    print(f"build {n} adds + graph: ggml_py {py / n * 1e6:.2f} us/node, raw cffi "
+          f"{raw / n * 1e6:.2f} us/node ({py / raw:.2f}x)")
+    with dev.backend(n_threads=1) as be:
+        py = min(first_compute_pythonic(be, n) for _ in range(3))
+        raw = min(first_compute_raw(be, n) for _ in range(3))
+    print(f"first compute of {n} small adds (1 thread): ggml_py {py / n * 1e6:.2f} us/node, raw "
+          f"gallocr + compute {raw / n * 1e6:.2f} us/node ({py / raw:.2f}x)")
+    with gg.Context() as ctx:
+        t = ctx.tensor(gg.f32, (4, 8))
+        reps = 200_000
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            t.shape
+        shape = (time.perf_counter() - t0) / reps
+        p = t.ptr
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            lib.ggml_nelements(p)
+        nel = (time.perf_counter() - t0) / reps
+    print(f"t.shape {shape * 1e9:.0f} ns vs raw lib.ggml_nelements {nel * 1e9:.0f} ns "
+          f"({shape / nel:.2f}x)")
+
+    for test, size in (("matmul", args.size), ("chain", n), ("chain", 100)):
         pb, pm, threads = compute_py(dev, test, size, args.reps)
         nb, nm = run_native(gg.BUILD_DIR, dev.name, test, size, args.reps, threads)
         what = f"{size}^3 f32 matmul" if test == "matmul" else f"{size}-node add chain"

@@ -118,28 +118,45 @@ class Context(Owned):
 
     # -- the one construction path -------------------------------------------------------------
     def build(self, fn: Callable[..., Any], args: Iterable[Any], ndim: int | None,
-              uses: Iterable[TensorBase] = (), room: int = 4) -> Tensor:
+              uses: Iterable[TensorBase] = (), room: int = 4, *, view: bool = False,
+              like: TensorBase | None = None) -> Tensor:
         """``fn(raw_context, *args)`` in this context, wrapped as a tensor of this context.
-        The contexts of `uses` (operands) are recorded as this context's dependencies."""
+        The contexts of `uses` (operands) are recorded as this context's dependencies.
+        `view`: the result may be a view of allocated memory (made usable at once); `like`:
+        an operand whose shape and type the (new, contiguous) result has."""
         others = [u.ctx for u in uses if u.ctx is not self]
-        for c in others:
-            self.uses(c)
-        # the operands' contexts are locked too: another thread closing one of them waits
-        # until ggml has read the operand, and a context closed meanwhile raises here
-        locks = sorted({id(c): c for c in [self, *others]}.values(), key=id)
-        with contextlib.ExitStack() as stack:
-            for c in locks:
-                stack.enter_context(c._lock)
-                if c._raw is None:
-                    raise ClosedError("an operand's context is closed")
-            p = fn(self._room(room), *args)
+        if not others:
+            with self._lock:
+                if self._raw is None:
+                    raise ClosedError("this tensor's context is closed")
+                p = fn(self._room(room), *args)
+        else:
+            for c in others:
+                self.uses(c)
+            # the operands' contexts are locked too: another thread closing one of them waits
+            # until ggml has read the operand, and a context closed meanwhile raises here
+            locks = sorted({id(c): c for c in [self, *others]}.values(), key=id)
+            with contextlib.ExitStack() as stack:
+                for c in locks:
+                    stack.enter_context(c._lock)
+                    if c._raw is None:
+                        raise ClosedError("an operand's context is closed")
+                p = fn(self._room(room), *args)
         if p == ffi.NULL:
             raise GGMLError("ggml returned no tensor")
-        src = p.view_src
-        if src != ffi.NULL and src.buffer != ffi.NULL and p.buffer == ffi.NULL:
-            ensure_alive(buffer_device(src.buffer))   # (the buffer's init_tensor may be remote)
-            lib.ggml_backend_view_init(p)   # a view of allocated memory is usable at once
-        return Tensor(p, self, ndim)
+        if view:
+            src = p.view_src
+            if src != ffi.NULL and src.buffer != ffi.NULL and p.buffer == ffi.NULL:
+                ensure_alive(buffer_device(src.buffer))   # (init_tensor may be remote)
+                lib.ggml_backend_view_init(p)   # a view of allocated memory is usable at once
+        t = Tensor(p, self, ndim)
+        if like is not None:
+            tt, ne = like._type, like._ne
+            if tt is not None and ne is not None and tt._block == 1:
+                t._type, t._ne = tt, ne
+                s = tt._size
+                t._nb = (s, s * ne[0], s * ne[0] * ne[1], s * ne[0] * ne[1] * ne[2])
+        return t
 
     def wrap(self, p: Any, ndim: int | None = None) -> Tensor:
         """A raw tensor of this context as a Tensor."""

@@ -17,10 +17,17 @@ class GGMLType(int):
     """A ggml type (an ``enum ggml_type`` value) with its traits."""
 
     _name: str
+    _block: int
+    _size: int
+    _quantized: bool
 
     def __new__(cls, value: int, name: str) -> "GGMLType":
         self = super().__new__(cls, value)
         self._name = name
+        # fixed traits of the type, read once (they are asked on every op)
+        self._block = int(lib.ggml_blck_size(value))
+        self._size = int(lib.ggml_type_size(value))
+        self._quantized = bool(lib.ggml_is_quantized(value))
         return self
 
     @property
@@ -29,16 +36,16 @@ class GGMLType(int):
 
     @property
     def block_size(self) -> int:
-        return int(lib.ggml_blck_size(self))
+        return self._block
 
     @property
     def type_size(self) -> int:
         """Bytes per block."""
-        return int(lib.ggml_type_size(self))
+        return self._size
 
     @property
     def is_quantized(self) -> bool:
-        return bool(lib.ggml_is_quantized(self))
+        return self._quantized
 
     @property
     def numpy_dtype(self) -> "np.dtype[Any] | None":

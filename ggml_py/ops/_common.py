@@ -102,10 +102,14 @@ def need(fn_name: str, op: str) -> Callable[..., Any]:
 
 
 def build(owner: TensorBase, fn: Callable[..., Any], *args: Any, ndim: int | None = None,
-          uses: Iterable[TensorBase] = (), room: int = 4) -> Tensor:
-    """The result of ``fn(ctx_raw, *args)`` built in `owner`'s context and kept by it."""
+          uses: Iterable[TensorBase] = (), room: int = 4, view: bool = False,
+          like: TensorBase | None = None) -> Tensor:
+    """The result of ``fn(ctx_raw, *args)`` built in `owner`'s context and kept by it (`view`:
+    the op may return a view of allocated memory; `like`: the result has that operand's shape
+    and type)."""
     ctx = owner.ctx
-    return ctx.build(fn, args, owner.ndim if ndim is None else ndim, uses, room)
+    return ctx.build(fn, args, owner.ndim if ndim is None else ndim, uses, room, view=view,
+                     like=like)
 
 
 __all__ = ["FLOAT", "CPU_TYPES", "MAX_DIMS", "tensor", "floats", "cpu_type", "rows", "contiguous",

@@ -28,7 +28,7 @@ def _binary(fn: Callable[..., Any], a: Any, b: Any, name: str) -> Tensor:
     if a.type != b.type and b.type.name != "f32":
         raise InvalidType(f"{name}: mixed types {a.type.name} and {b.type.name}")
     rows(name, ("a", a))
-    return build(a, fn, a.ptr, b.ptr, ndim=max(a.ndim, b.ndim), uses=(b,))
+    return build(a, fn, a.ptr, b.ptr, ndim=max(a.ndim, b.ndim), uses=(b,), like=a)
 
 
 def add(a: Tensor, b: Tensor) -> Tensor:
@@ -58,7 +58,7 @@ def scale(a: Tensor, s: float) -> Tensor:
     cpu_type(a, "scale")
     if not scalable(a):
         raise InvalidArgument(f"scale: a {a.shape} must be contiguous (it is a view); use gg.cont(a)")
-    return build(a, lib.ggml_scale, a.ptr, s)
+    return build(a, lib.ggml_scale, a.ptr, s, like=a)
 
 
 def scale_bias(a: Tensor, s: float, b: float) -> Tensor:
@@ -92,7 +92,7 @@ def _unary(fn_name: str, name: str) -> Callable[[Tensor], Tensor]:
             raise UnsupportedError(f"{name} is not in this ggml release")
         floats(name, a)
         rows(name, ("a", a))
-        return build(a, fn, a.ptr)
+        return build(a, fn, a.ptr, like=a)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"ggml_{name}(a), elementwise (float tensors with packed rows)."
     return op

@@ -47,7 +47,7 @@ def set_rows(dst: Tensor, src: Tensor, idx: Tensor) -> Tensor:
     for t, what in ((dst, "dst"), (src, "src")):
         require(bool(lib.ggml_is_contiguous_rows(t.ptr)), f"set_rows: {what} rows must be contiguous")
     rows("set_rows", ("indices", idx))
-    return build(dst, lib.ggml_set_rows, dst.ptr, src.ptr, idx.ptr, uses=(src, idx))
+    return build(dst, lib.ggml_set_rows, dst.ptr, src.ptr, idx.ptr, uses=(src, idx), view=True)
 
 
 __all__ = ["get_rows", "set_rows"]

@@ -39,7 +39,7 @@ def reshape(a: Tensor, shape: Any) -> Tensor:
     contiguous("reshape", ("a", a))
     ne = list(reversed(dims)) + [1] * (4 - len(dims))
     require(ne[0] % a.type.block_size == 0, "reshape: the new last axis would split quantized blocks")
-    return build(a, lib.ggml_reshape_4d, a.ptr, *ne, ndim=len(dims))
+    return build(a, lib.ggml_reshape_4d, a.ptr, *ne, ndim=len(dims), view=True)
 
 
 def view(a: Tensor, shape: Any, offset: int = 0, strides: Any = None) -> Tensor:
@@ -69,7 +69,7 @@ def view(a: Tensor, shape: Any, offset: int = 0, strides: Any = None) -> Tensor:
     require(offset >= 0 and last <= a.nbytes,
             f"view: {dims} at offset {offset} runs past the tensor's {a.nbytes} bytes")
     return build(a, lib.ggml_view_4d, a.ptr, ne[0], ne[1], ne[2], ne[3], nb[1], nb[2], nb[3],
-                 offset, ndim=len(dims))
+                 offset, ndim=len(dims), view=True)
 
 
 def permute(a: Tensor, axes: Any) -> Tensor:
@@ -91,7 +91,7 @@ def permute(a: Tensor, axes: Any) -> Tensor:
     require(a.type.block_size == 1 or gperm[0] == 0,
             f"permute: the last axis of a {a.type.name} tensor holds its quantized blocks and "
             "cannot move", InvalidType)
-    return build(a, lib.ggml_permute, a.ptr, *gperm, ndim=n)
+    return build(a, lib.ggml_permute, a.ptr, *gperm, ndim=n, view=True)
 
 
 def transpose(a: Tensor) -> Tensor:
@@ -99,7 +99,7 @@ def transpose(a: Tensor) -> Tensor:
     a = tensor(a, "transpose")
     require(a.type.block_size == 1, f"transpose: a {a.type.name} tensor's rows are quantized "
                                     "blocks; dequantize (gg.cpy to f32) first", InvalidType)
-    return build(a, lib.ggml_transpose, a.ptr, ndim=max(a.ndim, 2))
+    return build(a, lib.ggml_transpose, a.ptr, ndim=max(a.ndim, 2), view=True)
 
 
 def cont(a: Tensor) -> Tensor:
@@ -131,7 +131,7 @@ def cpy(a: Tensor, b: Tensor) -> Tensor:
         cpu_type(a, "cpy", "strided copy")
         require(b.type.block_size == 1 or b.is_contiguous,
                 "cpy: a quantized destination must be contiguous")
-    return build(b, lib.ggml_cpy, a.ptr, b.ptr, uses=(a,))
+    return build(b, lib.ggml_cpy, a.ptr, b.ptr, uses=(a,), view=True)
 
 
 def repeat(a: Tensor, shape: Any) -> Tensor:
