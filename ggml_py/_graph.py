@@ -103,6 +103,8 @@ class Graph:
         self._allocs: dict[int, Owned] = {}
         self._checked: weakref.WeakSet[Backend] = weakref.WeakSet()  # validated and allocated
         self._index_inputs: list[tuple[Any, int, str]] | None = None
+        self._entries: list[tuple[Any, bool]] | None = None
+        self._node_set: set[Any] = set()
         self.scheduler: Any = None          # the scheduler that placed it last, if any
         self.ctx.keep(self)  # node memory placed by the allocator lives with the context
 
@@ -131,27 +133,31 @@ class Graph:
     def leafs(self) -> list[Tensor]:
         """Inputs and constants: sources of nodes that are not nodes themselves."""
         self.require_open()
-        return [self._wrap(t) for t, is_node in self.walk() if not is_node]
+        return [self._wrap(t) for t, is_node in self.walk(fresh=True) if not is_node]
 
-    def walk(self) -> Iterator[tuple[Any, bool]]:
+    def walk(self, fresh: bool = False) -> Iterator[tuple[Any, bool]]:
         """(raw tensor, is_node) for every node, then every leaf (a source that is no node).
 
         ``struct ggml_cgraph`` is opaque in the public headers, so leafs are found through the
-        nodes' sources."""
-        nodes = [lib.ggml_graph_node(self.ptr, i) for i in range(self.n_nodes)]
-        keys = {_addr(n) for n in nodes}
-        for n in nodes:
-            yield n, True
-        seen: set[int] = set()
-        null = ffi.NULL
-        for n in nodes:
-            for s in n.src:
-                if s == null:
-                    continue
-                k = _addr(s)
-                if k not in keys and k not in seen:
-                    seen.add(k)
-                    yield s, False
+        nodes' sources. A graph cannot change once built: the walk is made once and kept
+        (cffi pointers hash and compare by address). `fresh` walks again: a scheduler points
+        split nodes at copies of its own until its next split, and pictures show them."""
+        if self._entries is None or fresh:
+            nodes = [lib.ggml_graph_node(self.ptr, i) for i in range(self.n_nodes)]
+            keys = set(nodes)
+            entries = [(n, True) for n in nodes]
+            seen: set[Any] = set()
+            null = ffi.NULL
+            for n in nodes:
+                for s in n.src:
+                    if s != null and s not in keys and s not in seen:
+                        seen.add(s)
+                        entries.append((s, False))
+            if fresh:
+                return iter(entries)
+            self._entries = entries
+            self._node_set = keys
+        return iter(self._entries)
 
     def require_open(self) -> None:
         """ClosedError when a context holding tensors of this graph was closed."""
@@ -226,14 +232,14 @@ class Graph:
         index, and an RPC server dies of it)."""
         if self._index_inputs is None:
             found = []
-            nodes = {_addr(t) for t, n in self.walk() if n}
+            ops = (_GET_ROWS, _SET_ROWS)
             for t, is_node in self.walk():
-                if not is_node or int(t.op) not in (_GET_ROWS, _SET_ROWS):
+                if not is_node or t.op not in ops:
                     continue
                 # get_rows: src = (table, indices); set_rows: src = (rows, indices, destination)
                 idx = t.src[1]
                 table = t.src[0] if int(t.op) == _GET_ROWS else t.src[2]
-                if _addr(idx) not in nodes:
+                if idx not in self._node_set:
                     found.append((idx, int(table.ne[1]),
                                   "get_rows" if int(t.op) == _GET_ROWS else "set_rows"))
             self._index_inputs = found
