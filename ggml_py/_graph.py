@@ -303,6 +303,12 @@ class Graph:
     def _repr_svg_(self) -> str:
         return self.to_svg()
 
+    def _repr_html_(self) -> str:
+        try:
+            return self.to_svg()
+        except ClosedError:
+            return "<pre>&lt;Graph (a context closed)&gt;</pre>"
+
     def __repr__(self) -> str:
         try:
             self.require_open()
