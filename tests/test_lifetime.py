@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
+from conftest import needs_release
 
 
 def _owned(cpu, rpc_devs):
@@ -18,6 +19,7 @@ def _owned(cpu, rpc_devs):
     yield "rpc buffer", lambda: rpc_devs[0].buffer_type.alloc(1024)
 
 
+@needs_release("0.23.0", "events on RPC devices")
 def test_weakrefs_die_after_gc(cpu, rpc_devs):
     for what, make in _owned(cpu, rpc_devs):
         obj = make()
@@ -27,6 +29,7 @@ def test_weakrefs_die_after_gc(cpu, rpc_devs):
         assert ref() is None, what
 
 
+@needs_release("0.23.0", "events on RPC devices")
 def test_close_is_idempotent_and_closed_objects_raise(cpu, rpc_devs):
     for what, make in _owned(cpu, rpc_devs):
         obj = make()
@@ -40,6 +43,7 @@ def test_close_is_idempotent_and_closed_objects_raise(cpu, rpc_devs):
                 pass
 
 
+@needs_release("0.23.0", "events on RPC devices")
 def test_closed_objects_raise_on_use(cpu, rpc_devs):
     be = cpu.backend(); be.close()
     with pytest.raises(gg.ClosedError, match="closed"):

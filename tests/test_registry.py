@@ -2,6 +2,7 @@
 import pytest
 
 import ggml_py as gg
+from conftest import needs_release
 
 
 def test_registries_and_devices_enumerate():
@@ -34,6 +35,7 @@ def test_cpu_caps(cpu):
     assert cpu.registry.features  # the CPU backend reports its build features
 
 
+@needs_release("0.23.0", "events on RPC devices")
 def test_rpc_devices_have_events_and_async(rpc_devs):
     for d in rpc_devs:
         assert d.caps.events and d.caps.async_
