@@ -120,6 +120,62 @@ def first_compute_raw(be, n):
         lib.ggml_free(ctx)
 
 
+def mlp_pythonic(be, iters):
+    """Tiny MLP (8x64 -> 64 -> 8): set the input, compute, read the output, per iteration."""
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((8, 64), dtype=np.float32)
+    with gg.Context() as ctx:
+        x = ctx.tensor(gg.f32, (8, 64))
+        w1 = ctx.from_numpy(rng.standard_normal((64, 64), dtype=np.float32))
+        w2 = ctx.from_numpy(rng.standard_normal((64, 8), dtype=np.float32))
+        ctx.alloc(be)
+        out = gg.tanh(x @ w1) @ w2
+        g = gg.Graph(out)
+        res = np.empty((8, 8), np.float32)
+        x.set(x_np)
+        be.compute(g)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            x.set(x_np)
+            be.compute(g)
+            be.get(out, res)
+        return (time.perf_counter() - t0) / iters
+
+
+def mlp_raw(be, iters):
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((8, 64), dtype=np.float32)
+    p = ffi.new("struct ggml_init_params *", {"mem_size": 1 << 20, "mem_buffer": ffi.NULL,
+                                              "no_alloc": True})
+    ctx = lib.ggml_init(p[0])
+    x = lib.ggml_new_tensor_2d(ctx, lib.GGML_TYPE_F32, 64, 8)
+    w1t = lib.ggml_new_tensor_2d(ctx, lib.GGML_TYPE_F32, 64, 64)     # stored transposed
+    w2t = lib.ggml_new_tensor_2d(ctx, lib.GGML_TYPE_F32, 64, 8)
+    buf = lib.ggml_backend_alloc_ctx_tensors(ctx, be.ptr)
+    w1 = rng.standard_normal((64, 64), dtype=np.float32).T.copy()
+    w2 = rng.standard_normal((64, 8), dtype=np.float32).T.copy()
+    lib.ggml_backend_tensor_set(w1t, ffi.from_buffer(w1), 0, w1.nbytes)
+    lib.ggml_backend_tensor_set(w2t, ffi.from_buffer(w2), 0, w2.nbytes)
+    out = lib.ggml_mul_mat(ctx, w2t, lib.ggml_tanh(ctx, lib.ggml_mul_mat(ctx, w1t, x)))
+    g = lib.ggml_new_graph(ctx)
+    lib.ggml_build_forward_expand(g, out)
+    galloc = lib.ggml_gallocr_new(lib.ggml_backend_get_default_buffer_type(be.ptr))
+    lib.ggml_gallocr_alloc_graph(galloc, g)
+    res = np.empty((8, 8), np.float32)
+    xb, rb = ffi.from_buffer(x_np), ffi.from_buffer(res)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        lib.ggml_backend_tensor_set(x, ffi.from_buffer(x_np), 0, x_np.nbytes)
+        lib.ggml_backend_graph_compute(be.ptr, g)
+        lib.ggml_backend_tensor_get(out, ffi.from_buffer(res), 0, res.nbytes)
+    dt = (time.perf_counter() - t0) / iters
+    del xb, rb
+    lib.ggml_gallocr_free(galloc)
+    lib.ggml_backend_buffer_free(buf)
+    lib.ggml_free(ctx)
+    return dt
+
+
 def compute_py(dev, test, size, reps, wtype="f32"):
     rng = np.random.default_rng(0)
     with dev.backend() as be, gg.Context() as ctx:
@@ -176,6 +232,18 @@ def main():
         raw = min(first_compute_raw(be, n) for _ in range(3))
     print(f"first compute of {n} small adds (1 thread): ggml_py {py / n * 1e6:.2f} us/node, raw "
           f"gallocr + compute {raw / n * 1e6:.2f} us/node ({py / raw:.2f}x)")
+    with dev.backend(n_threads=1) as be:
+        py = min(mlp_pythonic(be, 2000) for _ in range(3))
+        raw = min(mlp_raw(be, 2000) for _ in range(3))
+        xs = np.random.default_rng(0).standard_normal((8, 64), dtype=np.float32)
+        w1 = np.random.default_rng(1).standard_normal((64, 64), dtype=np.float32)
+        w2 = np.random.default_rng(2).standard_normal((64, 8), dtype=np.float32)
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            np.tanh(xs @ w1) @ w2
+        npt = (time.perf_counter() - t0) / 2000
+    print(f"tiny MLP iteration (set, compute, get; 1 thread): ggml_py {py * 1e6:.1f} us, raw cffi "
+          f"{raw * 1e6:.1f} us ({py / raw:.2f}x), numpy {npt * 1e6:.1f} us")
     with gg.Context() as ctx:
         t = ctx.tensor(gg.f32, (4, 8))
         reps = 200_000

@@ -262,20 +262,27 @@ class Graph:
 
     def compute_on(self, backend: "Backend", *, asynchronous: bool) -> None:
         """What ``backend.compute(graph)`` runs: checks, allocation, then ggml's compute."""
+        if len(self._contexts) == 1:
+            with backend._lock, self._contexts[0]._lock:
+                self._compute_locked(backend, asynchronous)
+            return
         with contextlib.ExitStack() as stack:
             # the backend's lock, then its contexts' (sorted): a context closed by another
             # thread waits until this compute is done instead of freeing memory under it
             stack.enter_context(backend._lock)
             for c in sorted(self._contexts, key=id):
                 stack.enter_context(c._lock)
-            backend.ensure_alive()
-            self.prepare(backend)
-            self.check_indices()
-            if asynchronous:
-                backend.keep_until_synchronized(self)
-                check(lib.ggml_backend_graph_compute_async(backend.ptr, self.ptr), "graph compute")
-            else:
-                check(lib.ggml_backend_graph_compute(backend.ptr, self.ptr), "graph compute")
+            self._compute_locked(backend, asynchronous)
+
+    def _compute_locked(self, backend: "Backend", asynchronous: bool) -> None:
+        backend.ensure_alive()
+        self.prepare(backend)
+        self.check_indices()
+        if asynchronous:
+            backend.keep_until_synchronized(self)
+            check(lib.ggml_backend_graph_compute_async(backend.ptr, self.ptr), "graph compute")
+        else:
+            check(lib.ggml_backend_graph_compute(backend.ptr, self.ptr), "graph compute")
 
     # -- pictures ----------------------------------------------------------------------------
     def to_dot(self, path: str | None = None) -> str:

@@ -67,7 +67,7 @@ class TensorBase:
     """A ggml tensor's facts; keeps the context that owns the tensor (and so its memory)
     alive."""
 
-    __slots__ = ("_p", "ctx", "_ndim", "_ne", "_nb", "_type", "__weakref__")
+    __slots__ = ("_p", "ctx", "_ndim", "_ne", "_nb", "_type", "_contig", "__weakref__")
 
     def __init__(self, p: Any, ctx: "Context", ndim: int | None = None) -> None:
         self._p = p
@@ -76,6 +76,7 @@ class TensorBase:
         self._ne: tuple[int, ...] | None = None
         self._nb: tuple[int, ...] | None = None
         self._type: T.GGMLType | None = None
+        self._contig: bool | None = None
 
     @property
     def ptr(self) -> Any:
@@ -150,7 +151,11 @@ class TensorBase:
 
     @property
     def is_contiguous(self) -> bool:
-        return bool(lib.ggml_is_contiguous(self.ptr))
+        if self._contig is None:           # fixed by shape and strides: asked once
+            self._contig = bool(lib.ggml_is_contiguous(self.ptr))
+        elif self.ctx._raw is None:
+            raise ClosedError("this tensor's context is closed")
+        return self._contig
 
     @property
     def is_transposed(self) -> bool:

@@ -29,34 +29,43 @@ def _offset(offset: Any, what: str) -> int:
 
 
 def _host_array(t: "Tensor", array: Any, offset: Any, *, writable: bool,
-                what: str) -> tuple[np.ndarray, int]:
-    """Check `array` against tensor `t`; return (array, byte offset)."""
-    t.require_memory(what)
-    require(isinstance(array, np.ndarray), f"{what}: expected a numpy array, got {type(array).__name__}",
-            InvalidType)
-    require(array.flags.c_contiguous,
-            f"{what}: the array is not C-contiguous; pass np.ascontiguousarray(a)")
-    if writable:
-        require(array.flags.writeable, f"{what}: the output array is read-only")
-    require(array.dtype.hasobject is False, f"{what}: object arrays hold no numbers", InvalidType)
-    require(t.is_contiguous,
-            f"{what}: tensor {t.name or '(unnamed)'} is a non-contiguous view; make a contiguous "
-            "copy with gg.cont(t) in the graph")
-    offset = _offset(offset, what)
-    if array.dtype == np.uint8 and t.dtype != np.uint8:
-        pass  # raw bytes: any type, bounds checked below
+                what: str, memory: bool = True) -> tuple[np.ndarray, int]:
+    """Check `array` against tensor `t`; return (array, byte offset). (Plain ifs: this runs on
+    every transfer, and a message is formatted only when a check fails.) `memory=False`: the
+    caller checks the tensor's memory itself, under the context's lock."""
+    if memory:
+        t.require_memory(what)
     else:
-        require(t.dtype is not None,
-                f"{what}: {t.type.name} tensors take raw bytes (uint8) or, with set(), float32 to quantize",
-                InvalidType)
-        require(array.dtype == t.dtype,
-                f"{what}: array dtype {array.dtype} does not match the tensor's {t.dtype} ({t.type.name})",
-                InvalidType)
-        if offset == 0:
-            require(array.size == t.size,
-                    f"{what}: the array has {array.size} elements, the tensor {t.size} {t.shape}")
-    require(offset + array.nbytes <= t.nbytes,
-            f"{what}: {array.nbytes} bytes at offset {offset} run past the tensor's {t.nbytes} bytes")
+        t.ptr
+    if not isinstance(array, np.ndarray):
+        raise InvalidType(f"{what}: expected a numpy array, got {type(array).__name__}")
+    flags = array.flags
+    if not flags.c_contiguous:
+        raise InvalidArgument(f"{what}: the array is not C-contiguous; pass np.ascontiguousarray(a)")
+    if writable and not flags.writeable:
+        raise InvalidArgument(f"{what}: the output array is read-only")
+    dt = array.dtype
+    if dt.hasobject:
+        raise InvalidType(f"{what}: object arrays hold no numbers")
+    if not t.is_contiguous:
+        raise InvalidArgument(f"{what}: tensor {t.name or '(unnamed)'} is a non-contiguous view; "
+                              "make a contiguous copy with gg.cont(t) in the graph")
+    if type(offset) is not int or offset:
+        offset = _offset(offset, what)
+    tdt = t.dtype
+    if not (dt == np.uint8 and tdt != np.uint8):      # (raw bytes: any type, bounds below)
+        if tdt is None:
+            raise InvalidType(f"{what}: {t.type.name} tensors take raw bytes (uint8) or, with "
+                              "set(), float32 to quantize")
+        if dt != tdt:
+            raise InvalidType(f"{what}: array dtype {dt} does not match the tensor's {tdt} "
+                              f"({t.type.name})")
+        if offset == 0 and array.size != t.size:
+            raise InvalidArgument(f"{what}: the array has {array.size} elements, the tensor "
+                                  f"{t.size} {t.shape}")
+    if offset + array.nbytes > t.nbytes:
+        raise InvalidArgument(f"{what}: {array.nbytes} bytes at offset {offset} run past the "
+                              f"tensor's {t.nbytes} bytes")
     return array, int(offset)
 
 
@@ -64,7 +73,7 @@ def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:
     if (isinstance(array, np.ndarray) and t.dtype is None and array.dtype == np.float32
             and offset == 0 and array.size == t.size):
         array, _ = T.quantize(array.reshape(-1, t.ne[0]), t.type)  # quantize floats on the way in
-    array, offset = _host_array(t, array, offset, writable=False, what="set")
+    array, offset = _host_array(t, array, offset, writable=False, what="set", memory=False)
     if array.nbytes:
         with t.ctx._lock:
             lib.ggml_backend_tensor_set(t.require_memory("set"), ffi.from_buffer("void *", array),
@@ -72,7 +81,7 @@ def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:
 
 
 def blocking_get(t: "Tensor", out: Any, offset: Any = 0) -> np.ndarray:
-    out, offset = _host_array(t, out, offset, writable=True, what="get")
+    out, offset = _host_array(t, out, offset, writable=True, what="get", memory=False)
     if out.nbytes:
         with t.ctx._lock:
             lib.ggml_backend_tensor_get(t.require_memory("get"),
