@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import sys
 from typing import Any, Callable
 
@@ -52,6 +51,7 @@ def endpoint_of(dev_ptr: Any) -> str | None:
 
 def _tcp_state(fd: str, addrs: frozenset[str], port: int) -> int | None:
     """TCP state of descriptor `fd` if it is a TCP connection to one of `addrs`:`port`."""
+    import socket   # (here: most imports of ggml_py never talk to a server)
     with socket.socket(fileno=os.dup(int(fd))) as s:       # a duplicate: ggml's stays open
         if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
             return None
@@ -64,6 +64,7 @@ def _tcp_state(fd: str, addrs: frozenset[str], port: int) -> int | None:
 @functools.lru_cache(maxsize=64)
 def _addresses(host: str, port: int) -> frozenset[str] | None:
     """The addresses `host` resolves to (resolved once: this runs before every RPC call)."""
+    import socket
     try:
         return frozenset(str(ai[4][0]) for ai in
                          socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP))
@@ -119,6 +120,7 @@ def reachable(endpoint: str) -> bool:
     a connection the server closed (CLOSE_WAIT) means dead. Without such a connection it
     probes the port: refused means dead; a timeout counts as alive, since a busy server
     (one client at a time, listen backlog of one) may leave a connection attempt waiting."""
+    import socket
     host, _, port_s = endpoint.rpartition(":")
     host = host.strip("[]")
     port = int(port_s)
