@@ -116,8 +116,9 @@ def test_pytest_plugin_runs_each_release_in_its_own_process_and_survives_an_abor
     assert r.returncode == 1, out[-3000:] + r.stderr[-2000:]
     summary = out[out.index("ggml releases"):]
     # the abort is one failed test of 0.20.2; the test after it still ran, in a new process
-    assert f"ggml {OLD}: failed (exit 1), 1 test(s) crashed the process" in summary
+    # (in whatever order the tests ran: the two others passed, in the first run or the next)
+    assert (f"ggml {OLD}: failed (exit 1), 1 test(s) crashed the process "
+            "(2 passed, 0 failed, 0 skipped)") in summary
     assert "CRASHED test_x.py::test_aborts_on_releases_before_0_21 (SIGABRT)" in summary
-    assert "run 2 after a crash" in out and "1 passed, 2 deselected" in out
-    assert f"ggml {gg.BUILD_DIR}: passed" in summary
-    assert "3 passed" in out
+    assert "run 2 after a crash" in out
+    assert f"ggml {gg.BUILD_DIR}: passed (3 passed, 0 failed, 0 skipped)" in summary
