@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     pass
 
 _OVERHEAD = int(lib.ggml_tensor_overhead())
+_OBJ = _OVERHEAD - 16       # each tensor takes ggml_tensor_overhead() minus alignment slack
 _MAX_CAPACITY = 1 << 26
 
 
@@ -110,6 +111,10 @@ class Context(Owned):
 
     def _raws(self) -> list[Any]:
         return [self.ptr] + [c.ptr for c in self._chunks]
+
+    def n_tensors(self) -> int:
+        """How many tensors (ops, views, inputs) this context holds."""
+        return sum(int(lib.ggml_used_mem(r)) for r in self._raws()) // _OBJ
 
     def owns(self, raw_tensor: Any) -> bool:
         """Whether the raw tensor's metadata lives in this context's memory."""

@@ -73,10 +73,18 @@ class Graph:
             t.ptr                            # ClosedError for a tensor of a closed context
         self.outputs = outs
         self.ctx: Context = outs[0].ctx
-        count = _count_nodes(outs)
+        contexts: dict[int, Context] = {}
+        for t in outs:
+            for c in t.ctx.contexts():
+                contexts[id(c)] = c
+        # every tensor of the graph lives in one of these contexts: their tensor count bounds
+        # the graph (one C call per chunk instead of a walk of the graph in Python)
+        count = sum(c.n_tensors() for c in contexts.values())
         if capacity is not None:
             require(isinstance(capacity, int) and not isinstance(capacity, bool),
                     "Graph: capacity must be an int", InvalidType)
+            if capacity < count:
+                count = _count_nodes(outs)
             require(capacity >= count, f"Graph: capacity {capacity} cannot hold this graph's "
                                        f"{count} tensors (leave it out: the capacity follows "
                                        "the graph)")
@@ -90,10 +98,6 @@ class Graph:
             raise GGMLError("Graph: ggml_init failed for the graph")
         # every context holding a node or leaf: a closed one would leave the graph pointing
         # into freed memory, so computing then raises instead
-        contexts: dict[int, Context] = {}
-        for t in outs:
-            for c in t.ctx.contexts():
-                contexts[id(c)] = c
         self._contexts = list(contexts.values())
         self._meta = _GraphMemory(raw, lib.ggml_free, parents=tuple(self._contexts))
         self.ptr = lib.ggml_new_graph_custom(raw, n, False)
