@@ -132,7 +132,7 @@ def mutate(data: bytes, rng: random.Random) -> tuple[bytes, str]:
 def reason(msg: str) -> str:
     """An error message with its numbers and names taken out, to group refusals."""
     msg = msg.split(": ", 1)[-1]
-    quoted = r"b?'(?:[^'\\]|\\.)*?… \(\d+ characters\)|b?'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""
+    quoted = r"b?['\"][^\n]*?… \(\d+ characters\)|b?'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""
     msg = re.sub(quoted, "'…'", msg)
     return re.sub(r"\b0x[0-9a-f]+\b|\b\d+\b", "N", msg)[:110]
 
