@@ -228,3 +228,18 @@ def test_struct_and_enum_diffs():
                                    "structs": s, "enums": e, "constants": {"changed": {}}},
         "runtime": {"rpc_protocol": [None, None], "devices": {"added": [], "removed": [], "changed": []}},
         "ops": [], "speed": [], "speed_meta": {}}))
+
+
+@pytest.mark.slow
+def test_newer_to_older_is_a_regression_and_exits_1(old_new, tmp_path):
+    """The same pair the other way round: bf16 scale computed on 0.25.3 aborts 0.20.2's CPU
+    kernel, a regression, so the exit status is 1 (what CI gates on)."""
+    out = tmp_path / "back.json"
+    r = compare("0.25.3", "0.20.2", "--backends", "cpu,rpc", "--ops", "scale", "--types", "bf16",
+                "--devices", "CPU", "--rounds", "0", "--format", "json",
+                "-o", str(out))
+    rep = json.loads(out.read_text())
+    validate(rep)
+    assert r.returncode == 1
+    assert rep["regressions"][0].startswith("op scale bf16 on CPU: ok -> crash")
+    assert "function removed: ggml_swiglu_clamp" in rep["regressions"]
