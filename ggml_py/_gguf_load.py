@@ -1,8 +1,6 @@
-"""GGUFFile.load (tensors onto a backend, without a copy where the memory allows) and the
-file's notebook display."""
+"""GGUFFile.load: tensors onto a backend, without a copy where the memory allows."""
 from __future__ import annotations
 
-import html as _html
 import mmap
 import os
 import sys
@@ -133,28 +131,3 @@ def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
         ctx.close()
         raise
     return tensors
-
-
-def _preview(v: Any, limit: int = 8) -> str:
-    if isinstance(v, (list, np.ndarray)):
-        items = [repr(x) if isinstance(x, str) else str(x) for x in list(v[:limit])]
-        more = f", … ({len(v)} items)" if len(v) > limit else ""
-        return "[" + ", ".join(items) + more + "]"
-    s = repr(v) if isinstance(v, str) else str(v)
-    return s if len(s) <= 200 else s[:200] + "…"
-
-
-def html(f: "GGUFFile") -> str:
-    e = _html.escape
-    if f.closed:
-        return f"<p><b>GGUF</b> {e(f.path)} (closed)</p>"
-    rows = "".join(f"<tr><td>{e(k)}</td><td>{e(f.metadata_types[k])}</td>"
-                   f"<td>{e(_preview(v))}</td></tr>" for k, v in f.metadata.items())
-    trows = "".join(f"<tr><td>{e(t.name)}</td><td>{e(t.type)}</td><td>{e(str(list(t.shape)))}</td>"
-                    f"<td>{t.offset}</td><td>{t.nbytes}</td></tr>" for t in f.tensors[:200])
-    more = f"<p>… {len(f.tensors) - 200} more tensors</p>" if len(f.tensors) > 200 else ""
-    return (f"<div><p><b>GGUF v{f.version}</b> {e(f.path)}: {len(f.metadata)} keys, "
-            f"{len(f.tensors)} tensors, alignment {f.alignment}</p>"
-            "<table><tr><th>key</th><th>type</th><th>value</th></tr>" + rows + "</table>"
-            "<table><tr><th>tensor</th><th>type</th><th>shape</th><th>offset</th><th>bytes</th></tr>"
-            + trows + "</table>" + more + "</div>")

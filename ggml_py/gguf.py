@@ -288,8 +288,8 @@ class GGUFFile(Owned):
                 f"{len(self.tensors)} tensors>")
 
     def _repr_html_(self) -> str:
-        from ._gguf_load import html
-        return html(self)
+        from ._display import gguf_html
+        return gguf_html(self)
 
 
 def _value(raw: Any, i: int, span: chk.KV, mapped: Any) -> Any:

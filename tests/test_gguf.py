@@ -375,7 +375,8 @@ def test_html_display(tmp_path):
     p, _, _ = _small_file(tmp_path)
     with gguf.read(p) as f:
         h = f._repr_html_()
-    assert "<table>" in h and "general.architecture" in h and ">a<" in h and "f32" in h
+    assert "<table" in h and "general.architecture" in h and ">a<" in h and "f32" in h
+    assert "closed" in f._repr_html_()
 
 
 # -- writing: refusals --------------------------------------------------------------------------
