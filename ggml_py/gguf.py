@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ._tensor import Tensor
     from ._types import GGMLType
 
-__all__ = ["read", "write", "GGUFFile", "TensorInfo", "GGUFError", "VALUE_TYPES"]
+__all__ = ["read", "write", "GGUFFile", "Metadata", "TensorInfo", "GGUFError", "VALUE_TYPES"]
 
 
 class GGUFError(GGMLError, ValueError):
@@ -58,8 +58,13 @@ def _traits() -> dict[int, tuple[str, int, int]]:
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """A tensor as the file describes it. ``shape`` is numpy order (slowest axis first), as
-    stored (ggml's trailing 1s kept); ``offset`` is the absolute file offset of its data."""
+    """A tensor as the file describes it. ``shape`` is numpy order (slowest axis first) with
+    as many axes as the file stores (size-1 ones included); ``type`` the ggml type name;
+    ``offset`` the absolute file offset of its data (gguf-py's ``data_offset``).
+
+        >>> [(t.name, t.shape, t.type) for t in gg.gguf.read(path).tensors]   # doctest: +SKIP
+        [('w', (4, 8), 'f32')]
+    """
     name: str
     shape: tuple[int, ...]
     type: str
