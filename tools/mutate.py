@@ -67,14 +67,15 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "ggml_py/_tensor_base.py", "        if p.buffer == ffi.NULL or p.data == ffi.NULL:\n            raise InvalidArgument",
         "        if False:\n            raise InvalidArgument", BAD("set on unallocated tensor", "numpy of unallocated tensor")),
     "closed context rule": (
-        "ggml_py/_tensor_base.py", "        if self.ctx._raw is None:\n            raise ClosedError",
-        "        if False:\n            raise ClosedError", BAD("tensor of closed context")),
+        "ggml_py/_tensor_base.py",
+        "        if self.ctx._raw is None:\n            raise ClosedError(\"this tensor's context is closed\")\n        return self._p",
+        "        return self._p", BAD("tensor of closed context")),
     "reduction layout rule": (
         "ggml_py/ops/reduce.py", '    rows("sum_rows", ("a", a))\n', "",
         OPS("sum_rows transposed")),
     "unary layout rule": (
-        "ggml_py/ops/elementwise.py", '        rows(name, ("a", a))\n        return build(a, fn, a.ptr)',
-        "        return build(a, fn, a.ptr)", OPS("unary strided")),
+        "ggml_py/ops/elementwise.py", '        rows(name, ("a", a))\n        return build(a, fn, a.ptr, like=a)',
+        "        return build(a, fn, a.ptr, like=a)", OPS("unary strided")),
     "norm eps rule": (
         "ggml_py/ops/nn.py", 'require(e >= 0.0, f"{op}: eps must be >= 0', 'require(True, f"{op}: eps must be >= 0',
         OPS("norm negative eps")),
@@ -106,8 +107,7 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "ggml_py/_tensor_base.py", 'require(all(s > 0 for s in dims), f"{what}: every axis',
         'require(True, f"{what}: every axis', BAD("bad shape")),
     "shape integer rule": (
-        "ggml_py/_tensor_base.py", "            dims = tuple(operator.index(s) for s in shape)",
-        "            dims = tuple(int(s) for s in shape)", OPS("tensor float shape")),
+        "ggml_py/_tensor_base.py", "        return operator.index(value)", "        return int(value)", OPS("tensor float shape")),
     "graph capacity rule": (
         "ggml_py/_graph.py", "            require(capacity >= count,", "            require(True,",
         OPS("graph capacity too small")),
