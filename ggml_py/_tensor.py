@@ -207,13 +207,13 @@ class Tensor(TensorBase):
         return ops.matmul(other, self)
 
     def __neg__(self) -> "Tensor":
-        return ops.elementwise.neg(_packed(self))
+        return ops.elementwise.neg(_padded(self))
 
     def __pos__(self) -> "Tensor":
         return self
 
     def __abs__(self) -> "Tensor":
-        return ops.elementwise.abs(_packed(self))
+        return ops.elementwise.abs(_padded(self))
 
     # -- identity and display -----------------------------------------------------------------
     def __repr__(self) -> str:

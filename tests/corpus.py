@@ -29,6 +29,8 @@ def case(name: str, exc: str, pattern: str, code: str) -> None:
 # -- class 1: views and layout ---------------------------------------------------------------
 for op in UNARY:
     case(f"{op} of a transposed view", "InvalidArgument", "strided", f"gg.{op}(e['{{dev}}sq'].T)")
+    case(f"{op} of a strided view", "InvalidArgument", "contiguous",
+         f"gg.{op}(e['{{dev}}sq'].view((8, 4), 0, (32, 4)))")
     case(f"{op} of a permuted view", "InvalidArgument", "strided",
          f"gg.{op}(e['{{dev}}cube'].permute((0, 2, 1)))")
 for op in BINARY:
@@ -38,7 +40,9 @@ for op in ROWS:
     case(f"{op} of a transposed view", "InvalidArgument", "strided|contiguous",
          f"gg.{op}(e['{{dev}}sq'].T)")
 case("sum of a transposed view", "InvalidArgument", "strided", "gg.sum(e['{dev}sq'].T)")
+case("sum of a strided view", "InvalidArgument", "contiguous", "gg.sum(e['{dev}sq'].view((8, 4), 0, (32, 4)))")
 case("argmax of a transposed view", "InvalidArgument", "strided", "gg.argmax(e['{dev}sq'].T)")
+case("argsort of a strided view", "InvalidArgument", "contiguous", "gg.argsort(e['{dev}sq'].view((8, 4), 0, (32, 4)))")
 case("top_k of a transposed view", "InvalidArgument", "contiguous", "gg.top_k(e['{dev}sq'].T, 2)")
 case("mul_mat transposed a", "InvalidArgument", "must not be transposed",
      "gg.mul_mat(e['{dev}sq'].T, e['{dev}sq'])")

@@ -24,7 +24,8 @@ def _run(names: list[str]) -> dict[str, str]:
     while todo:
         proc = subprocess.run([sys.executable, str(HERE / "corpus.py")], input="\n".join(todo) + "\n",
                               capture_output=True, text=True, timeout=600, cwd=HERE.parent,
-                              env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                  [str(HERE.parent), *filter(None, [os.environ.get("PYTHONPATH")])])))
         lines = [ln for ln in proc.stdout.splitlines() if "\t" in ln]
         for ln in lines:
             status, name = ln.split("\t", 1)

@@ -15,7 +15,8 @@ HERE = Path(__file__).resolve().parent
 def _run(examples: int, seed: int) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(HERE / "generated.py"), "--examples", str(examples),
                            "--seed", str(seed)], capture_output=True, text=True, timeout=900,
-                          cwd=HERE.parent, env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
+                          cwd=HERE.parent, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                              [str(HERE.parent), *filter(None, [os.environ.get("PYTHONPATH")])])))
 
 
 def _verdict(r: subprocess.CompletedProcess) -> dict:

@@ -74,8 +74,8 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "ggml_py/ops/reduce.py", '    rows("sum_rows", ("a", a))\n', "",
         OPS("sum_rows transposed")),
     "unary layout rule": (
-        "ggml_py/ops/elementwise.py", '        rows(name, ("a", a))\n        return build(a, fn, a.ptr, like=a)',
-        "        return build(a, fn, a.ptr, like=a)", OPS("unary strided")),
+        "ggml_py/ops/elementwise.py", '        rows(name, ("a", a))\n        contiguous(name, ("a", a))\n',
+        "", OPS("unary strided")),
     "norm eps rule": (
         "ggml_py/ops/nn.py", 'require(e >= 0.0, f"{op}: eps must be >= 0', 'require(True, f"{op}: eps must be >= 0',
         OPS("norm negative eps")),

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .._loader import lib
 from ..errors import InvalidArgument, InvalidType, UnsupportedError
-from ._common import (build, can_repeat, cpu_type, float_of, floats, need, rows, scalable,
-                      tensor)
+from ._common import (build, can_repeat, contiguous, cpu_type, float_of, floats, need, rows,
+                      scalable, tensor)
 
 if TYPE_CHECKING:
     from .._tensor import Tensor
@@ -91,10 +91,13 @@ def _unary(fn_name: str, name: str) -> Callable[[Tensor], Tensor]:
         if fn is None:
             raise UnsupportedError(f"{name} is not in this ggml release")
         floats(name, a)
+        # the CPU kernels need packed rows, CUDA's (ggml_cuda_op_unary) a contiguous tensor;
+        # ggml_is_contiguous ignores axes of length 1, so both are asked
         rows(name, ("a", a))
+        contiguous(name, ("a", a))
         return build(a, fn, a.ptr, like=a)
     op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"ggml_{name}(a), elementwise (float tensors with packed rows)."
+    op.__doc__ = f"ggml_{name}(a), elementwise (contiguous float tensors)."
     return op
 
 

@@ -18,6 +18,7 @@ def sum(a: Tensor) -> Tensor:
     a = tensor(a, "sum")
     cpu_type(a, "sum")
     rows("sum", ("a", a))
+    contiguous("sum", ("a", a))      # CUDA asserts ggml_is_contiguously_allocated
     return build(a, lib.ggml_sum, a.ptr, ndim=1)
 
 
@@ -43,6 +44,7 @@ def argmax(a: Tensor) -> Tensor:
     require(a.type.name == "f32", f"argmax: takes f32, got {a.type.name}", InvalidType)
     require(a.ne[2] == 1 and a.ne[3] == 1, f"argmax: takes a matrix, got {a.shape}")
     rows("argmax", ("a", a))
+    contiguous("argmax", ("a", a))   # CUDA asserts contiguity
     return build(a, lib.ggml_argmax, a.ptr, ndim=1)
 
 
@@ -60,6 +62,7 @@ def argsort(a: Tensor, descending: bool = False) -> Tensor:
     require(a.type.name == "f32", f"argsort: takes f32, got {a.type.name}", InvalidType)
     require(isinstance(descending, bool), "argsort: descending must be a bool", InvalidType)
     rows("argsort", ("a", a))
+    contiguous("argsort", ("a", a))  # CUDA asserts contiguity
     order = lib.GGML_SORT_ORDER_DESC if descending else lib.GGML_SORT_ORDER_ASC
     return build(a, lib.ggml_argsort, a.ptr, order)
 
