@@ -62,6 +62,14 @@ def ggml_version() -> str:
     return str(BUILD["release"])
 
 
+def ggml_commit() -> str:
+    """The ggml tree's own commit, as ggml's CMake found it when the library was built
+    ("unknown" for trees extracted from a release's sdist, which carry no git history)."""
+    if hasattr(lib, "ggml_commit"):
+        return _cstr(lib.ggml_commit()) or "unknown"
+    return str(BUILD.get("ggml_commit", "unknown"))
+
+
 def build_info() -> dict[str, _Any]:
     """Facts of the loaded build: folder, release, backends, bindings mode."""
     return {"folder": str(BUILD_DIR), "release": BUILD["release"], "backends": BUILD["backends"],
@@ -69,7 +77,7 @@ def build_info() -> dict[str, _Any]:
 
 
 __all__ = [
-    "__version__", "ggml_version", "build_info", "registries", "devices", "device", "Registry",
+    "__version__", "ggml_version", "ggml_commit", "build_info", "registries", "devices", "device", "Registry",
     "Device", "DeviceList", "Caps", "BufferType", "Buffer", "Backend", "Event", "Context",
     "Tensor", "Graph", "Scheduler", "GGMLType", "TYPES", "quantize", "copy", "copy_async",
     "from_dlpack", "aligned_empty", "GGMLError", "ClosedError", "UnsupportedError",

@@ -96,3 +96,15 @@ def test_rpc_server_ctrl_c_exits_quietly_with_130():
         p.kill()
     assert p.returncode == 130
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def test_ggml_commit_is_the_trees_own():
+    import ggml_py as gg
+    # trees from sdists have no git history: "unknown", never this project's own commit
+    ours = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip()
+    commit = gg.ggml_commit()
+    assert commit and (not ours or not commit.startswith(ours[:7]))
+    if gg.BUILD["inputs"].get("source") is None:
+        assert commit == "unknown"
+        assert gg.BUILD.get("ggml_commit", "unknown") == "unknown"
