@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# One device session for issue 17, in phases that fit the device tool's 10-minute calls. Call
+# them back to back (the machine stays warm 30 s; the build survives between warm calls):
+#
+#   run(command="bash tools/gpu/session.sh build", carry=[".whl", ".gpu", ".gl"], timeout_s=600)
+#   run(command="bash tools/gpu/session.sh suite", carry=[".whl", ".gpu", ".gl"])
+#   (then `suite2` alone, if the call's limit cut the second half off)
+#
+# build   unpack the Vulkan loader (.gl), copy the trimmed trees (.gpu/vendor, made here by
+#         `python tools/gpu/pack_trees.py 0.25.3 0.26.0`), build RELEASE (default 0.26.0) with
+#         cpu,rpc,cuda,vulkan; list devices; the event mutation check on CUDA0/CUDA1 and
+#         Vulkan0; the multi-device tests with GGML_CUDA_DEVICES=4; event RSS attribution
+#         (event_rss.c); the generator on CUDA and Vulkan
+# suite   suite1 (tests/test_[a-g]*.py) then suite2 (the other files), GGML_CUDA_DEVICES=2,
+#         slow tests included; each half's log and junit in $OUT
+set -u
+cd "$(dirname "$0")/../.."
+PHASE=${1:?build, suite1 or suite2}
+REL=${RELEASE:-0.26.0}
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+# the loader and build packages, the trees, the wheels (each call: the tree is re-copied)
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+for f in .gl/build/*.deb; do
+    case "$(basename "$f")" in
+        glslc*|libshaderc*) command -v glslc >/dev/null && continue ;;
+        spirv-headers*) [ -e /usr/include/spirv/unified1/spirv.hpp ] && continue ;;
+        libvulkan-dev*) grep -Eq 'VK_HEADER_VERSION (30[0-9]|3[1-9][0-9])$' \
+                            /usr/include/vulkan/vulkan_core.h 2>/dev/null && continue ;;
+    esac
+    dpkg -x "$f" /
+done
+ldconfig
+nvidia_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -e "$nvidia_icd" ] && export VK_DRIVER_FILES=$nvidia_icd \
+    __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+cp -r .gpu/vendor/. vendor/
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+PLUGIN=(-p ggml_py.pytest_plugin -p no:cacheprovider)
+
+build() {
+    GGML_CUDA_DEVICES=2 BACKENDS=cpu,rpc,cuda,vulkan STEPS=none WHEELS=none \
+        bash tools/gpu/run_suite.sh "$REL"
+}
+
+case $PHASE in
+build)
+    build || exit $?
+    echo "build phase: build done at ${SECONDS}s" | tee -a "$OUT/env.txt"
+    folder=$(ls -d ggml_py/lib/ggml-"$REL"-cpu-rpc-cuda90-vulkan* | head -1)
+    export GGML_PY_BUILD=$folder
+    {
+        for m in none record wait; do
+            echo "== GGML_PY_MUTATE=$m"
+            GGML_PY_MUTATE=$([ $m = none ] || echo $m) GGML_CUDA_DEVICES=2 timeout 100 \
+                python3 -m pytest -q -rA "${PLUGIN[@]}" -p tools.mutate_events \
+                -k "ordered or orders" tests/ 2>&1 | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed"
+        done
+    } > "$OUT/mutate.txt" 2>&1
+    echo "mutation done at ${SECONDS}s" | tee -a "$OUT/env.txt"
+    GGML_CUDA_DEVICES=4 python3 -m ggml_py > "$OUT/cuda4.txt" 2>&1
+    GGML_CUDA_DEVICES=4 timeout 90 python3 -m pytest -q -rfEs "${PLUGIN[@]}" \
+        tests/test_multi_gpu.py tests/test_accelerators.py tests/test_event.py \
+        tests/test_scheduler.py tests/test_copy.py >> "$OUT/cuda4.txt" 2>&1
+    echo "cuda4 done at ${SECONDS}s" | tee -a "$OUT/env.txt"
+    {
+        echo "== event_rss.c: ggml events on CUDA0 and raw cudaEvent cycles"
+        nvcc -O2 -x cu tools/gpu/event_rss.c -Ivendor/"$REL"/include -L"$folder" -lggml \
+            -lggml-base -Xlinker -rpath="$folder" -o /tmp/event_rss &&
+            GGML_CUDA_DEVICES=2 timeout 60 /tmp/event_rss 200000
+    } > "$OUT/rss.txt" 2>&1
+    GGML_CUDA_DEVICES=2 timeout 45 python3 tests/generated.py --examples 300 \
+        --devices CPU,CUDA0,CUDA1,Vulkan0 > "$OUT/gen.log" 2>&1
+    echo "generator exit $?" >> "$OUT/gen.log"
+    echo "phase total ${SECONDS}s" | tee -a "$OUT/env.txt"
+    ;;
+suite|suite1|suite2)
+    folder=$(ls -d ggml_py/lib/ggml-"$REL"-cpu-rpc-cuda90-vulkan* | head -1)
+    [ -n "$folder" ] || { echo "no build: run the build phase first (warm machine)"; exit 1; }
+    export GGML_PY_BUILD=$folder GGML_CUDA_DEVICES=2
+    TIMEOUT=(); python3 -c 'import pytest_timeout' 2>/dev/null && TIMEOUT=(--timeout=300)
+    part() {
+        if [ "$1" = suite1 ]; then files=(tests/test_[a-g]*.py); else
+            files=(); for f in tests/test_*.py; do [[ $(basename "$f") == test_[a-g]* ]] || files+=("$f"); done
+        fi
+        python3 -m pytest -ra --durations=15 "${TIMEOUT[@]}" "${PLUGIN[@]}" \
+            --junitxml="$OUT/junit-$1.xml" "${files[@]}" > "$OUT/pytest-$1.log" 2>&1
+        echo "$1: exit $? at ${SECONDS}s"
+        tail -40 "$OUT/pytest-$1.log"
+    }
+    if [ "$PHASE" = suite ]; then part suite1; part suite2; else part "$PHASE"; fi
+    ;;
+esac
