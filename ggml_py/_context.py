@@ -206,6 +206,11 @@ class Context(Owned):
         the tokens, which free it when the last export is collected."""
         token = _Export(self)
         self._exports.add(token)
+        for k in self._keep:       # schedulers that placed memory of this context's tensors
+            exports = getattr(k, "_exports", None)
+            if exports is not None and not k.closed:
+                exports.add(token)         # close() hands its memory to the token
+                token.memory.append(k)     # and collection cannot free it under the token
         return token
 
     def adopt(self, buffer: Buffer) -> None:
@@ -335,7 +340,7 @@ class Context(Owned):
                     self._children.discard(m)
                     m._parents = ()
                 for token in exports:
-                    token.memory = memory
+                    token.memory.extend(memory)
             self._keep = []
             super().close()        # closes the chunks and buffers (children) first
             self._buffers = []

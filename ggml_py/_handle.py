@@ -100,6 +100,26 @@ class Owned:
         raise TypeError(f"a {self._kind} owns a ggml handle and cannot be pickled")
 
 
+class _Keeper:
+    """Holds the freeing of a closed object's handle until the last export referencing it
+    (a numpy view, a DLPack capsule) is collected."""
+
+    __slots__ = ("__weakref__",)
+
+
+def hand_over(owned: Owned, tokens: Iterable[Any]) -> None:
+    """Move the freeing of `owned`'s handle to the export `tokens` (objects with a ``memory``
+    list): close() then leaves the memory to them, and the last one collected frees it."""
+    info = owned._finalizer.detach()
+    if info is None:
+        return
+    _, free, args, kwargs = info
+    keeper = _Keeper()
+    weakref.finalize(keeper, free, *args, **kwargs)
+    for token in tokens:
+        token.memory.append(keeper)
+
+
 class Borrowed:
     """A handle that belongs to ggml (registry, device, buffer type): never freed here;
     equal when the handles are."""

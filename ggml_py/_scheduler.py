@@ -6,7 +6,8 @@
 ggml's rules, checked here first: at most GGML_SCHED_MAX_BACKENDS backends, the last one on a
 CPU device, every backend distinct, every op supported by some backend. Node memory placed by
 the scheduler is valid until the scheduler computes another graph or closes; after close()
-those tensors report no memory instead of pointing at freed buffers.
+those tensors report no memory instead of pointing at freed buffers, while numpy views and
+DLPack exports made before keep the memory they read until they are collected.
 
 Inputs without memory, marked with ``t.set_input()``, are placed by the scheduler the way
 llama.cpp feeds its inputs: ``sched.alloc(graph)``, then ``x.set(values)``, then
@@ -15,11 +16,12 @@ llama.cpp feeds its inputs: ``sched.alloc(graph)``, then ``x.set(values)``, then
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable
 
 from ._backend import Backend
 from ._graph import Graph
-from ._handle import Owned
+from ._handle import Owned, hand_over
 from ._loader import ffi, lib
 from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, check, require
 
@@ -63,6 +65,9 @@ class Scheduler(Owned):
         # (graph, raw tensors whose memory the scheduler placed, every node's own sources)
         self._placed: list[tuple[Graph, list[Any], list[tuple[Any, list[Any]]]]] = []
         self._pins: list[tuple[Any, Backend]] = []   # from set_backend, applied at each alloc
+        # zero-copy exports (numpy views, DLPack) of memory it may have placed: close() leaves
+        # its buffers to them (Context.export registers them here)
+        self._exports: weakref.WeakSet[Any] = weakref.WeakSet()
 
     @property
     def graph(self) -> Graph | None:
@@ -219,6 +224,9 @@ class Scheduler(Owned):
                 if self._guard is None or self._guard():   # a dead RPC server would abort
                     lib.ggml_backend_sched_synchronize(self._raw)
                 self._forget()
+                exports = list(self._exports)
+                if exports:           # numpy views or DLPack capsules still read its memory
+                    hand_over(self, exports)
             super().close()
 
     def _repr_html_(self) -> str:
