@@ -24,6 +24,7 @@ from ._handle import Owned
 from ._liveness import free_guard
 from ._loader import cstr, ffi, lib
 from ._tensor import Tensor
+from ._tensor_base import give_back_rewired, own_sources
 from .errors import ClosedError, GGMLError, InvalidArgument, InvalidType, UnsupportedError, check, require
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def _count_nodes(outs: list[Tensor]) -> int:
         if k in seen:
             continue
         seen.add(k)
-        for s in p.src:
+        for s in own_sources(p):
             if s != null:
                 stack.append(s)
     return len(seen)
@@ -99,6 +100,9 @@ class Graph:
         # every context holding a node or leaf: a closed one would leave the graph pointing
         # into freed memory, so computing then raises instead
         self._contexts = list(contexts.values())
+        # a scheduler may point nodes of these contexts at its own copies: they get their
+        # sources back before ggml walks them (that scheduler splits again next time)
+        give_back_rewired(contexts)
         self._meta = _GraphMemory(raw, lib.ggml_free, parents=tuple(self._contexts))
         self.ptr = lib.ggml_new_graph_custom(raw, n, False)
         for t in outs:
@@ -153,7 +157,7 @@ class Graph:
             seen: set[Any] = set()
             null = ffi.NULL
             for n in nodes:
-                for s in n.src:
+                for s in (n.src if fresh else own_sources(n)):
                     if s != null and s not in keys and s not in seen:
                         seen.add(s)
                         entries.append((s, False))
@@ -280,6 +284,7 @@ class Graph:
 
     def _compute_locked(self, backend: "Backend", asynchronous: bool) -> None:
         backend.ensure_alive()
+        give_back_rewired({id(c): c for c in self._contexts})   # a scheduler's copies
         self.prepare(backend)
         self.check_indices()
         if asynchronous:

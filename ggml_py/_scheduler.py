@@ -22,13 +22,24 @@ from typing import Any, Callable
 from ._backend import Backend
 from ._graph import Graph
 from ._handle import Owned, hand_over
-from ._loader import ffi, lib
+from ._loader import cstr, ffi, lib
+from ._tensor_base import REWIRED, give_back_rewired
 from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, check, require
 
 MAX_BACKENDS = 16  # GGML_SCHED_MAX_BACKENDS (a private define of ggml-backend.cpp)
 MAX_SRC = int(lib.GGML_MAX_SRC)
 _INPUT = int(lib.GGML_TENSOR_FLAG_INPUT)
 _OP_NONE = int(lib.GGML_OP_NONE)
+
+
+def _addr(p: Any) -> int:
+    return int(ffi.cast("uintptr_t", p))
+
+
+def _restore(sources: list[tuple[Any, list[Any]]]) -> None:
+    for t, srcs in sources:
+        for j, s in enumerate(srcs):
+            t.src[j] = s
 
 
 class Scheduler(Owned):
@@ -68,6 +79,7 @@ class Scheduler(Owned):
         # zero-copy exports (numpy views, DLPack) of memory it may have placed: close() leaves
         # its buffers to them (Context.export registers them here)
         self._exports: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._wired = False      # the placed graph's split nodes read its copies (REWIRED)
 
     @property
     def graph(self) -> Graph | None:
@@ -103,7 +115,12 @@ class Scheduler(Owned):
     def reserve(self, graph: Graph) -> None:
         """Size the compute buffers for graphs like `graph` (optional; compute does it)."""
         self._check(graph, inputs_set=False)
-        if not lib.ggml_backend_sched_reserve(self.ptr, graph.ptr):
+        give_back_rewired({id(c): c for c in graph.contexts})   # this scheduler's and others'
+        nodes = [t for t, is_node in graph.walk() if is_node]
+        sources = [(t, list(t.src)) for t in nodes]
+        ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)
+        _restore(sources)      # reserving splits too; the copies are of no use after it
+        if not ok:
             raise GGMLError("ggml_backend_sched_reserve failed (out of memory?)")
 
     def set_backend(self, tensor: Any, backend: Backend) -> None:
@@ -128,6 +145,7 @@ class Scheduler(Owned):
     def _alloc(self, graph: Graph, *, inputs_set: bool) -> None:
         self._check(graph, inputs_set=inputs_set)
         self._forget()
+        give_back_rewired({id(c): c for c in graph.contexts})   # other schedulers' copies
         lib.ggml_backend_sched_reset(self.ptr)
         for t, b in self._pins:
             lib.ggml_backend_sched_set_tensor_backend(self.ptr, t.ptr, b.ptr)
@@ -144,6 +162,27 @@ class Scheduler(Owned):
         if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
             self._forget()
             raise GGMLError("the scheduler could not allocate the graph (out of memory?)")
+        for t, srcs in sources:
+            if any(a != b for a, b in zip(t.src, srcs)):
+                REWIRED[_addr(t)] = (self, srcs)
+        self._wired = True
+        # a node that had memory before (another graph's allocation placed it) stays where it
+        # is, and ggml runs it on the backend it was pinned to or chose, in place: that
+        # backend must be able to use the memory (ggml does not check, and computes garbage)
+        for t in nodes:
+            if t.buffer == ffi.NULL:
+                continue
+            be = lib.ggml_backend_sched_get_tensor_backend(self.ptr, t)
+            buft = lib.ggml_backend_buffer_get_type(t.buffer)
+            if be != ffi.NULL and not lib.ggml_backend_supports_buft(be, buft):
+                self._forget()
+                name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
+                raise InvalidArgument(
+                    f"scheduler: node {name!r} already has memory in a "
+                    f"{cstr(lib.ggml_backend_buft_name(buft))} buffer (placed by another "
+                    f"graph's allocation), which backend {cstr(lib.ggml_backend_name(be))}, "
+                    "where the scheduler runs it, cannot use; build the graph from fresh "
+                    "nodes, or pin the node to a backend that can")
 
     def compute(self, graph: Graph) -> None:
         """Split, place and compute `graph`, and wait for it."""
@@ -170,7 +209,7 @@ class Scheduler(Owned):
                 stack.enter_context(c._lock)
             self._alive()
             graph.require_open()           # before reading its index inputs
-            if not any(entry[0] is graph for entry in self._placed):
+            if not self._wired or not any(entry[0] is graph for entry in self._placed):
                 self._alloc(graph, inputs_set=True)
             graph.check_indices()
             check(fn(self.ptr, graph.ptr), "scheduled graph compute")
@@ -203,16 +242,31 @@ class Scheduler(Owned):
     def buffer_size(self, backend: Backend) -> int:
         return int(lib.ggml_backend_sched_get_buffer_size(self.ptr, backend.ptr))
 
+    def give_back_sources(self, contexts: Any = None) -> None:
+        """Point the split nodes of the placed graph at their own sources again, instead of
+        the scheduler's copies (all of them, or only where the graph has a tensor in one of
+        `contexts`, a dict of id -> Context); the next compute splits the graph again. Node
+        memory stays as placed."""
+        if not self._wired:
+            return
+        if contexts is not None and not any(
+                id(c) in contexts for g, _, _ in self._placed for c in g.contexts):
+            return
+        self._wired = False
+        for graph, _, sources in self._placed:
+            for t, _ in sources:
+                REWIRED.pop(_addr(t), None)
+            if not any(c.closed for c in graph.contexts):   # (else its tensors are gone)
+                _restore(sources)
+
     def _forget(self) -> None:
         """Give graphs back as they were: their own sources again (not the scheduler's copies),
         and the nodes it placed read as unallocated."""
-        for graph, nodes, sources in self._placed:
+        self.give_back_sources()
+        for graph, nodes, _ in self._placed:
             graph.forget_allocation()        # its nodes must be placed again before a compute
             if any(c.closed for c in graph.contexts):
                 continue                     # (its tensors' memory is gone)
-            for t, srcs in sources:
-                for j, s in enumerate(srcs):
-                    t.src[j] = s
             for t in nodes:
                 t.data = ffi.NULL
                 t.buffer = ffi.NULL

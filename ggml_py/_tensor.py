@@ -19,7 +19,7 @@ import numpy as np
 from . import _transfer
 from . import ops
 from ._loader import ffi, lib
-from ._tensor_base import MAX_DIMS, TensorBase
+from ._tensor_base import MAX_DIMS, TensorBase, own_sources
 from .ops._common import can_repeat, scalable
 from .errors import ClosedError, InvalidArgument, InvalidType, require
 
@@ -74,7 +74,7 @@ class Tensor(TensorBase):
     def src(self) -> list["Tensor"]:
         """The operands of this tensor's op, each kept by the context that owns it."""
         out = []
-        for s in self.ptr.src:
+        for s in own_sources(self.ptr):       # not a scheduler's copies
             if s != ffi.NULL:
                 out.append(self.ctx.wrap_raw(s))
         return out

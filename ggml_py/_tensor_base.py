@@ -23,6 +23,31 @@ from .errors import ClosedError, InvalidArgument, InvalidType, OutOfMemory, requ
 if TYPE_CHECKING:
     from ._context import Context
 
+# Nodes whose sources a scheduler points at copies of its own: ggml does so when it splits a
+# graph across backends, until its next split, and frees the copies with the scheduler. Node
+# address -> (that scheduler, the node's own sources), kept by ggml_py's Scheduler while the
+# rewiring lasts; Tensor.src, graph walks and new graphs read a node's own sources through
+# own_sources(), never the scheduler's copies.
+REWIRED: dict[int, tuple[Any, list[Any]]] = {}
+
+
+def own_sources(p: Any) -> list[Any]:
+    """The raw sources of the raw tensor `p` as its op was built (NULL entries included)."""
+    if REWIRED:
+        entry = REWIRED.get(int(ffi.cast("uintptr_t", p)))
+        if entry is not None:
+            return entry[1]
+    return list(p.src)
+
+
+def give_back_rewired(contexts: dict[int, Any]) -> None:
+    """Before ggml walks a graph with tensors in `contexts` (id -> Context): every scheduler
+    that points nodes there at its copies gives them their own sources back."""
+    if REWIRED:
+        for sched in {id(e[0]): e[0] for e in list(REWIRED.values())}.values():
+            sched.give_back_sources(contexts)
+
+
 MAX_DIMS = int(lib.GGML_MAX_DIMS)
 MAX_NAME = int(lib.GGML_MAX_NAME)
 _INT64_MAX = 2 ** 63 - 1

@@ -129,3 +129,83 @@ def test_scheduler_allocates_inputs_the_llama_cpp_way(cpu, rpc_devs, rng):
         inp.numpy()                                  # its memory went with the scheduler
     wctx.close(); ictx.close(); rb.close(); cb.close()
 
+
+
+FOLLOW_UPS = ["src", "new graph on the CPU", "same graph on the CPU", "another scheduler",
+              "same scheduler again", "close the scheduler", "reset the scheduler"]
+
+
+@pytest.mark.parametrize("first", ["compute", "reserve", "alloc"])
+@pytest.mark.parametrize("steps", [(a, b) for a in FOLLOW_UPS for b in FOLLOW_UPS])
+def test_split_nodes_keep_their_own_sources(cpu, rpc_devs, first, steps):
+    """ggml's scheduler points the sources of split nodes at copies of its own until its next
+    split (and frees them with itself). Whatever follows a split, in any order of two steps:
+    Tensor.src gives the node's own operands, new graphs and other computes walk those (never a
+    freed or stale copy), and every compute gives the CPU's result."""
+    cpu_be, rpc_be = cpu.backend(), rpc_devs[0].backend()
+    ctx = gg.Context()
+    a, b = ctx.tensor(gg.f32, (4, 4)), ctx.tensor(gg.f32, (4, 4))
+    ctx.alloc(cpu_be)
+    a.set(np.arange(16, dtype=np.float32).reshape(4, 4)); b.set(np.ones((4, 4), np.float32))
+    x = gg.mul_mat(a, b)
+    y = x + a
+    z = gg.relu(y)
+    av = np.arange(16, dtype=np.float32).reshape(4, 4)
+    ref = np.maximum(np.ones((4, 4)) @ av.T + av, 0)      # ggml's mul_mat(a, b) is b @ a.T
+    own = {id(x): [a, b], id(y): [x, a], id(z): [y]}
+    scheds = [gg.Scheduler([rpc_be, cpu_be])]
+    scheds[0].set_backend(x, rpc_be)
+    g = gg.Graph(z)
+    getattr(scheds[0], first)(g)
+
+    def check_sources():
+        for t in (x, y, z):
+            got = t.src
+            assert len(got) == len(own[id(t)])
+            for s, want in zip(got, own[id(t)]):
+                assert s.ptr == want.ptr and s.shape == want.shape == (4, 4)
+
+    check_sources()
+    for step in steps:
+        if step == "src":
+            check_sources()
+        elif step in ("new graph on the CPU", "same graph on the CPU"):
+            w = z * 2 if step.startswith("new") else z
+            try:
+                cpu_be.compute(gg.Graph(w) if step.startswith("new") else g)
+            except gg.InvalidArgument as e:
+                # x still lives where the scheduler placed it, on RPC0: a clean refusal
+                assert "cannot use" in str(e)
+            else:
+                np.testing.assert_allclose(w.numpy(), ref * (2 if step.startswith("new") else 1))
+        elif step == "another scheduler":
+            s2 = gg.Scheduler([rpc_be, cpu_be])
+            scheds.append(s2)
+            s2.set_backend(y, rpc_be)
+            try:
+                s2.compute(g)
+            except gg.InvalidArgument as e:
+                # y has memory on the CPU from another graph's allocation: a clean refusal
+                assert "cannot use" in str(e)
+            else:
+                np.testing.assert_allclose(z.numpy(), ref)
+        elif step == "same scheduler again":
+            if not scheds[0].closed:
+                try:
+                    scheds[0].compute(g)
+                except gg.InvalidArgument as e:
+                    assert "cannot use" in str(e)
+                else:
+                    np.testing.assert_allclose(z.numpy(), ref)
+        elif step == "close the scheduler":
+            scheds[0].close()
+        elif step == "reset the scheduler":
+            if not scheds[0].closed:
+                scheds[0].reset()
+        check_sources()
+    for s in scheds:
+        s.close()
+    check_sources()
+    cpu_be.compute(g)
+    np.testing.assert_allclose(z.numpy(), ref)
+    ctx.close()
