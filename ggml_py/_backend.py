@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _transfer
 from ._handle import Owned
-from ._liveness import ensure_alive, free_guard
+from ._liveness import ensure_alive, free_guard, supports_op
 from ._loader import cstr, ffi, lib
 from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, require
 
@@ -125,7 +125,7 @@ class Backend(Owned):
             self._pending.clear()
 
     def supports_op(self, tensor: "Tensor") -> bool:
-        return bool(lib.ggml_backend_supports_op(self.ptr, tensor.ptr))
+        return supports_op(lib.ggml_backend_get_device(self.ptr), tensor.ptr)
 
     def supports_buffer_type(self, buft: "BufferType") -> bool:
         return bool(lib.ggml_backend_supports_buft(self.ptr, buft.ptr))

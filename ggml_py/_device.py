@@ -22,7 +22,7 @@ from ._backend import Backend
 from ._buffer import Buffer
 from ._event import Event
 from ._handle import Borrowed
-from ._liveness import ensure_alive
+from ._liveness import ensure_alive, supports_op
 from ._loader import cstr, ffi, lib
 from .errors import (GGMLError, InvalidArgument, InvalidType, NotFound, OutOfMemory,
                      UnsupportedError, require)
@@ -231,7 +231,7 @@ class Device(Borrowed):
     # -- what it can do ---------------------------------------------------------------------
     def supports_op(self, tensor: Any) -> bool:
         """Whether the device can compute `tensor`'s op (a node of a graph)."""
-        return bool(lib.ggml_backend_dev_supports_op(self.ptr, tensor.ptr))
+        return supports_op(self.ptr, tensor.ptr)
 
     def supports_buffer_type(self, buft: BufferType) -> bool:
         return bool(lib.ggml_backend_dev_supports_buft(self.ptr, buft.ptr))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from ._handle import Owned
-from ._liveness import free_guard
+from ._liveness import free_guard, supports_op
 from ._loader import cstr, ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import give_back_rewired, own_sources
@@ -196,6 +196,7 @@ class Graph:
         be = backend.ptr
         if backend in self._checked:
             return
+        dev = lib.ggml_backend_get_device(be)
         self._init_views()
         need_alloc = False
         for t, is_node in self.walk():
@@ -214,7 +215,7 @@ class Graph:
             if is_node:
                 if t.data == ffi.NULL:        # views get their address from the allocator too
                     need_alloc = True
-                if int(t.op) != _OP_NONE and not lib.ggml_backend_supports_op(be, t):
+                if int(t.op) != _OP_NONE and not supports_op(dev, t):
                     name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
                     raise UnsupportedError(f"compute: backend {backend.name} does not support "
                                            f"op {cstr(lib.ggml_op_desc(t))} of node {name!r}")

@@ -157,3 +157,17 @@ def buffer_device(buffer_ptr: Any) -> Any:
     dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(buffer_ptr))
     return None if dev == ffi.NULL else dev
 
+
+def supports_op(dev_ptr: Any, t: Any) -> bool:
+    """Whether the device can compute the raw node `t`: ggml's answer, and for an RPC device
+    the local CPU's as well. ggml's RPC client answers yes to every op (a TODO in
+    ggml-rpc.cpp's ``supports_op``, in every pinned release) and the server's backend then
+    aborts on what it cannot run, so an RPC server dies of, say, a type the CPU kernel lacks.
+    The servers ggml_py starts run this build's CPU backend; for a server on a GPU this may
+    refuse an op the GPU could run (the CPU is every scheduler's fallback anyway)."""
+    if not lib.ggml_backend_dev_supports_op(dev_ptr, t):
+        return False
+    if endpoint_of(dev_ptr) is None:
+        return True
+    cpu = lib.ggml_backend_dev_by_type(lib.GGML_BACKEND_DEVICE_TYPE_CPU)
+    return cpu == ffi.NULL or bool(lib.ggml_backend_dev_supports_op(cpu, t))

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from ._backend import Backend
 from ._graph import Graph
 from ._handle import Owned, hand_over
+from ._liveness import endpoint_of, supports_op
 from ._loader import cstr, ffi, lib
 from ._tensor_base import REWIRED, give_back_rewired
 from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, check, require
@@ -107,7 +108,7 @@ class Scheduler(Owned):
                         f"scheduler: input {name!r} has no memory yet: call sched.alloc(graph) "
                         "first, then set it, then compute")
             if is_node and int(t.op) != _OP_NONE and not any(
-                    lib.ggml_backend_supports_op(b.ptr, t) for b in self.backends):
+                    supports_op(lib.ggml_backend_get_device(b.ptr), t) for b in self.backends):
                 raise UnsupportedError(
                     f"scheduler: no backend of {[b.name for b in self.backends]} supports op "
                     f"{ffi.string(lib.ggml_op_desc(t)).decode()}")
@@ -169,10 +170,20 @@ class Scheduler(Owned):
         # a node that had memory before (another graph's allocation placed it) stays where it
         # is, and ggml runs it on the backend it was pinned to or chose, in place: that
         # backend must be able to use the memory (ggml does not check, and computes garbage)
+        rpc = {_addr(b.ptr) for b in self.backends if endpoint_of(b.device.ptr)}
         for t in nodes:
+            be = lib.ggml_backend_sched_get_tensor_backend(self.ptr, t)
+            if rpc and be != ffi.NULL and _addr(be) in rpc and int(t.op) != _OP_NONE and \
+                    not supports_op(lib.ggml_backend_get_device(be), t):
+                # ggml placed it by its own answer; an RPC server would die of it
+                self._forget()
+                raise UnsupportedError(
+                    f"scheduler: ggml placed op {cstr(lib.ggml_op_desc(t))} of node "
+                    f"{cstr(t.name) or '(unnamed)'!r} on {cstr(lib.ggml_backend_name(be))}, which "
+                    "cannot run it (its server's backend lacks it); pin the node to another "
+                    "backend with set_backend")
             if t.buffer == ffi.NULL:
                 continue
-            be = lib.ggml_backend_sched_get_tensor_backend(self.ptr, t)
             buft = lib.ggml_backend_buffer_get_type(t.buffer)
             if be != ffi.NULL and not lib.ggml_backend_supports_buft(be, buft):
                 self._forget()

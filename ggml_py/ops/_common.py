@@ -28,8 +28,28 @@ CPU_TYPES = {
     "strided copy": {"f32", "f16", "bf16", "i32", "i16"},
     "norm": {"f32"}, "rms_norm": {"f32"}, "group_norm": {"f32"}, "rope_ext": {"f32", "f16"},
     "repeat": {"f32", "f16", "bf16", "i16", "i32", "i64"}, "im2col data": {"f32"},
-    "conv kernel": {"f32", "f16"},
+    "conv kernel": {"f32", "f16"}, "gelu": {"f32", "f16", "bf16"}, "silu": {"f32", "f16", "bf16"},
+    "gelu_quick": {"f32", "f16", "bf16"}, "out_prod a": {"f32", "f16", "quantized"},
 }
+
+# (rule, type) -> the first pinned release whose CPU kernels compute it: older releases have
+# the op but abort in its kernel on that type (read from each pinned tree's ggml-cpu/ops.cpp)
+CPU_TYPES_SINCE = {("scale", "bf16"): (0, 25, 3), ("gelu", "bf16"): (0, 25, 3),
+                   ("silu", "bf16"): (0, 25, 3), ("gelu_quick", "bf16"): (0, 25, 3)}
+
+
+def _release() -> tuple[int, ...]:
+    from .._loader import BUILD
+    try:
+        return tuple(int(p) for p in str(BUILD.get("release", "")).split(".")[:3])
+    except ValueError:
+        return (1 << 30,)          # a local tree (--source): the newest rules
+
+
+RELEASE = _release()
+for (_rule, _type), _since in CPU_TYPES_SINCE.items():
+    if RELEASE < _since:
+        CPU_TYPES[_rule] = CPU_TYPES[_rule] - {_type}
 
 
 def tensor(x: Any, op: str, what: str = "a") -> Tensor:
@@ -48,9 +68,14 @@ def floats(op: str, *ts: TensorBase) -> None:
 
 def cpu_type(t: TensorBase, op: str, rule: str | None = None) -> None:
     allowed = CPU_TYPES[rule or op]
-    if t.type.name not in allowed:
+    if t.type.name not in allowed and not ("quantized" in allowed and t.type.block_size > 1):
+        since = CPU_TYPES_SINCE.get((rule or op, t.type.name))
+        later = (f" (pinned releases compute {t.type.name} here from "
+                 f"{'.'.join(map(str, since))} on; this build is "
+                 f"{'.'.join(map(str, RELEASE))})") if since else ""
         raise InvalidType(f"{op}: ggml's kernels compute {'/'.join(sorted(allowed))}, "
-                          f"not {t.type.name}; convert with gg.cpy(t, ctx.tensor(gg.f32, t.shape))")
+                          f"not {t.type.name}{later}; convert with "
+                          "gg.cpy(t, ctx.tensor(gg.f32, t.shape))")
 
 
 def rows(op: str, *named: tuple[str, TensorBase]) -> None:
@@ -112,6 +137,6 @@ def build(owner: TensorBase, fn: Callable[..., Any], *args: Any, ndim: int | Non
                      like=like)
 
 
-__all__ = ["FLOAT", "CPU_TYPES", "MAX_DIMS", "tensor", "floats", "cpu_type", "rows", "contiguous",
+__all__ = ["FLOAT", "CPU_TYPES", "CPU_TYPES_SINCE", "RELEASE", "MAX_DIMS", "tensor", "floats", "cpu_type", "rows", "contiguous",
 
            "can_repeat", "prod", "need", "build", "float_of", "index_of"]

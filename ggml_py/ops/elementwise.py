@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .._loader import lib
 from ..errors import InvalidArgument, InvalidType, UnsupportedError
-from ._common import (build, can_repeat, contiguous, cpu_type, float_of, floats, need, rows,
+from ._common import (CPU_TYPES, build, can_repeat, contiguous, cpu_type, float_of, floats, need, rows,
                       scalable, tensor)
 
 if TYPE_CHECKING:
@@ -91,6 +91,8 @@ def _unary(fn_name: str, name: str) -> Callable[[Tensor], Tensor]:
         if fn is None:
             raise UnsupportedError(f"{name} is not in this ggml release")
         floats(name, a)
+        if name in CPU_TYPES:
+            cpu_type(a, name)
         # the CPU kernels need packed rows, CUDA's (ggml_cuda_op_unary) a contiguous tensor;
         # ggml_is_contiguous ignores axes of length 1, so both are asked
         rows(name, ("a", a))

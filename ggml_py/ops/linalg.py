@@ -12,7 +12,7 @@ import numpy as np
 
 from .._loader import lib
 from ..errors import InvalidArgument, InvalidType, require
-from ._common import FLOAT, build, prod, rows, tensor
+from ._common import FLOAT, build, cpu_type, prod, rows, tensor
 from .shape import cont, repeat, reshape, transpose
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ def out_prod(a: Tensor, b: Tensor) -> Tensor:
     require(a.type.name in FLOAT or a.type.block_size > 1,
             f"out_prod: a must be f32/f16/bf16 or quantized, got {a.type.name}", InvalidType)
     require(b.type.name == "f32", f"out_prod: b must be f32, got {b.type.name}", InvalidType)
+    cpu_type(a, "out_prod", "out_prod a")     # bf16: the CPU kernel aborts (0.25.3, 0.26.0)
     require(a.ne[1] == b.ne[1], f"out_prod: a.ne1={a.ne[1]} != b.ne1={b.ne[1]}")
     require(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0,
             "out_prod: b's batch dims must be multiples of a's")
