@@ -154,9 +154,9 @@ class Backend(Owned):
     # -- events and graphs -------------------------------------------------------------------
     def wait(self, event: "Event") -> None:
         """Make work queued on this backend after now wait for `event`."""
-        self._device.require_events()
-        require(hasattr(event, "add_waiter"),
+        require(hasattr(event, "add_waiter"),      # the argument's kind first, then the caps
                 f"wait: expected an Event, not {type(event).__name__}", InvalidType)
+        self._device.require_events()
         require(event.device.registry == self._device.registry,
                 f"backend {self.name} cannot wait on an event of {event.device.name} "
                 "(another kind of backend)")
