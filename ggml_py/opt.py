@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 import numpy as np
 
 from ._handle import Owned
+from ._liveness import endpoint_of
 from ._loader import ffi, lib
-from .errors import GGMLError, check, require
+from .errors import GGMLError, UnsupportedError, check, require
+from .ops._common import RELEASE
 
 if TYPE_CHECKING:
     from ._backend import Backend
@@ -165,6 +167,13 @@ class Optimizer(Owned):
                 f"the model has {n_nodes} tensors; ggml-opt's graphs hold {GRAPH_SIZE} slots, "
                 "enough for about a quarter of that with gradients and optimizer steps")
 
+        if RELEASE < (0, 20, 2):
+            # ggml-opt clears its gradient and moment tensors with ggml_backend_tensor_memset,
+            # which asserts on an RPC buffer before 0.20.2 (ggml-rpc had no memset_tensor)
+            rpc = [b.name for b in backends if endpoint_of(b.device.ptr)]
+            require(not rpc, f"training on an RPC device ({rpc[0] if rpc else ''}) needs ggml "
+                             f"0.20.2 or newer (RPC buffers' memset); this build is "
+                             f"{'.'.join(map(str, RELEASE))}", UnsupportedError)
         self._sched = Scheduler(backends)
         # ggml-opt puts three graphs (with gradient slots) and every backward tensor here
         overhead = int(lib.ggml_tensor_overhead())

@@ -115,13 +115,14 @@ def test_two_releases_op_matrix(old_new):
     same = rows[("CPU", "mul_mat", "f32")]
     assert same["a"]["status"] == same["b"]["status"] == "ok"
     assert same["nmse_ab"] is not None and same["nmse_ab"] < 1e-10
-    # ops whose support differs: 0.20.2's CPU kernels abort on bf16 scale/silu/gelu (the
-    # process dies; on RPC the server dies), 0.25.3 computes them
+    # ops whose support differs: 0.20.2's CPU kernels abort on bf16 scale/silu/gelu, which
+    # ggml_py's per-release type rules refuse there (on the CPU and on RPC, whose server would
+    # die); 0.25.3 computes them
     improved = {(r["device"], r["op"], r["type"]) for r in rep["ops"] if r["verdict"] == "improved"}
     assert {("CPU", "scale", "bf16"), ("CPU", "silu", "bf16"), ("RPC0", "gelu", "bf16")} <= improved
-    crashed = rows[("CPU", "scale", "bf16")]
-    assert crashed["a"]["status"] == "crash" and "ops.cpp" in crashed["a"]["error"]
-    assert rows[("RPC0", "scale", "bf16")]["a"]["status"] == "crash"
+    refused = rows[("CPU", "scale", "bf16")]
+    assert refused["a"]["status"] == "refused" and "from 0.25.3 on" in refused["a"]["error"]
+    assert rows[("RPC0", "scale", "bf16")]["a"]["status"] == "refused"
     # every cell has a verdict the schema knows and a threshold where something computed
     assert all(r["threshold"] for r in rep["ops"] if "ok" in (r["a"]["status"], r["b"]["status"]))
 
@@ -232,8 +233,8 @@ def test_struct_and_enum_diffs():
 
 @pytest.mark.slow
 def test_newer_to_older_is_a_regression_and_exits_1(old_new, tmp_path):
-    """The same pair the other way round: bf16 scale computed on 0.25.3 aborts 0.20.2's CPU
-    kernel, a regression, so the exit status is 1 (what CI gates on)."""
+    """The same pair the other way round: bf16 scale computed on 0.25.3 is refused on 0.20.2
+    (its CPU kernel would abort), a regression, so the exit status is 1 (what CI gates on)."""
     out = tmp_path / "back.json"
     r = compare("0.25.3", "0.20.2", "--backends", "cpu,rpc", "--ops", "scale", "--types", "bf16",
                 "--devices", "CPU", "--rounds", "0", "--format", "json",
@@ -241,5 +242,5 @@ def test_newer_to_older_is_a_regression_and_exits_1(old_new, tmp_path):
     rep = json.loads(out.read_text())
     validate(rep)
     assert r.returncode == 1
-    assert rep["regressions"][0].startswith("op scale bf16 on CPU: ok -> crash")
+    assert rep["regressions"][0].startswith("op scale bf16 on CPU: ok -> refused")
     assert "function removed: ggml_swiglu_clamp" in rep["regressions"]

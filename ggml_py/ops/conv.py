@@ -10,7 +10,7 @@ import numpy as np
 from .. import _types as T
 from .._loader import lib
 from ..errors import InvalidType, require
-from ._common import build, cpu_type, floats, index_of, rows, tensor
+from ._common import RELEASE, build, cpu_type, floats, index_of, rows, tensor
 
 if TYPE_CHECKING:
     from .._tensor import Tensor
@@ -53,6 +53,16 @@ def _im2col_args(a: Tensor, b: Tensor, stride: Any, padding: Any, dilation: Any,
     return s0, s1, p0, p1, d0, d1
 
 
+def _f16_columns(a: Tensor, op: str) -> None:
+    """Before ggml 0.20.2 the CPU im2col kernel that writes f16 columns asserts an f16 kernel,
+    and ggml_conv_1d always asks for f16 columns (0.20.2 takes the kernel's type)."""
+    if RELEASE < (0, 20, 2) and a.type.name != "f16":
+        raise InvalidType(f"{op}: ggml {'.'.join(map(str, RELEASE))} builds f16 columns here, "
+                          f"which its CPU kernel computes from an f16 kernel only, not "
+                          f"{a.type.name} (any float kernel from 0.20.2 on); convert the kernel "
+                          "with gg.cpy(k, ctx.tensor(gg.f16, k.shape))")
+
+
 def im2col(kernel: Tensor, data: Tensor, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
            is_2d: bool = True, dtype: Any = "f32") -> Tensor:
     """ggml_im2col: unfold `data` into the columns a convolution with `kernel` multiplies.
@@ -62,6 +72,8 @@ def im2col(kernel: Tensor, data: Tensor, stride: Any = 1, padding: Any = 0, dila
     args = _im2col_args(a, b, stride, padding, dilation, bool(is_2d))
     out_t = T.of(dtype)
     require(out_t.name in ("f32", "f16"), "im2col: dtype must be f32 or f16", InvalidType)
+    if out_t.name == "f16":
+        _f16_columns(a, "im2col")
     return build(b, lib.ggml_im2col, a.ptr, b.ptr, *args, bool(is_2d), out_t,
                  ndim=4 if is_2d else 3, uses=(a,))
 
@@ -75,6 +87,7 @@ def conv_1d(kernel: Tensor, data: Tensor, stride: int = 1, padding: int = 0,
     require(a.is_contiguous, "conv_1d: the kernel must be contiguous")
     cpu_type(a, "conv_1d", "conv kernel")
     s0, _, p0, _, d0, _ = _im2col_args(a, b, (1, stride), (0, padding), (1, dilation), False)
+    _f16_columns(a, "conv_1d")
     n, oc = b.ne[2], a.ne[2]
 
     def make(raw: Any, ka: Any, kb: Any) -> Any:
