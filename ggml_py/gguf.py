@@ -228,8 +228,9 @@ class GGUFFile(Owned):
             raise self._error("ggml and the check disagree on the tensor count")
         self.tensors: list[TensorInfo] = []
         traits = _traits()
+        ne_of = getattr(lib, "gguf_get_tensor_ne", None)     # (from 0.20.2 on)
         for i, ts in enumerate(layout.tensors):
-            ne = tuple(lib.gguf_get_tensor_ne(raw, i)[0:4])
+            ne = tuple(ne_of(raw, i)[0:4]) if ne_of is not None else tuple(ts.ne)
             if (ffi.string(lib.gguf_get_tensor_name(raw, i)).decode("utf-8", "surrogateescape"),
                     int(lib.gguf_get_tensor_type(raw, i)), ne, int(lib.gguf_get_tensor_offset(raw, i)),
                     int(lib.gguf_get_tensor_size(raw, i))) != \

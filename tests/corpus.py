@@ -136,7 +136,7 @@ case("cpy count", "InvalidArgument", "elements into", "gg.cpy(e['{dev}a'], e['{d
 case("concat types", "InvalidType", "types differ", "gg.concat(e['{dev}a'], e['{dev}h'], 0)")
 case("get_rows f32 indices", "InvalidType", "indices must be i32", "gg.get_rows(e['{dev}a'], e['{dev}a'])")
 case("get_rows f64 table", "InvalidType", "reads rows of", "gg.get_rows(e['{dev}d'], e['{dev}idx'])")
-case("set_rows f64 src", "InvalidType", "src must be f32 or f16", "gg.set_rows(e['{dev}d'], e['{dev}d'], e['{dev}idx'])")
+case("set_rows f64 src", "InvalidType", "set_rows: ggml's kernels compute .*, not f64", "gg.set_rows(e['{dev}d'], e['{dev}d'], e['{dev}idx'])")
 case("set_rows f32 indices", "InvalidType", "indices must be i32 or i64", "gg.set_rows(e['{dev}sq'], e['{dev}sq'], e['{dev}sq'])")
 case("scale of i32", "InvalidType", "compute", "e['{dev}ia'] * 2.0")
 case("scalar plus i32", "InvalidType", "compute", "e['{dev}ia'] + 1")

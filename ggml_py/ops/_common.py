@@ -30,12 +30,14 @@ CPU_TYPES = {
     "repeat": {"f32", "f16", "bf16", "i16", "i32", "i64"}, "im2col data": {"f32"},
     "conv kernel": {"f32", "f16"}, "gelu": {"f32", "f16", "bf16"}, "silu": {"f32", "f16", "bf16"},
     "gelu_quick": {"f32", "f16", "bf16"}, "out_prod a": {"f32", "f16", "quantized"},
+    "set_rows src": {"f32", "f16"},
 }
 
 # (rule, type) -> the first pinned release whose CPU kernels compute it: older releases have
 # the op but abort in its kernel on that type (read from each pinned tree's ggml-cpu/ops.cpp)
 CPU_TYPES_SINCE = {("scale", "bf16"): (0, 25, 3), ("gelu", "bf16"): (0, 25, 3),
-                   ("silu", "bf16"): (0, 25, 3), ("gelu_quick", "bf16"): (0, 25, 3)}
+                   ("silu", "bf16"): (0, 25, 3), ("gelu_quick", "bf16"): (0, 25, 3),
+                   ("set_rows src", "f16"): (0, 20, 2)}     # (ggml_set_rows asserts it)
 
 
 def _release() -> tuple[int, ...]:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from .._loader import lib
 from ..errors import InvalidType, require
-from ._common import FLOAT, build, rows, tensor
+from ._common import FLOAT, build, cpu_type, rows, tensor
 
 if TYPE_CHECKING:
     from .._tensor import Tensor
@@ -33,8 +33,7 @@ def set_rows(dst: Tensor, src: Tensor, idx: Tensor) -> Tensor:
     dst (..., R, n), src (..., r, n) f32/f16, idx (r,) i32 or i64 with 0 <= idx < R."""
     dst, src = tensor(dst, "set_rows", "dst"), tensor(src, "set_rows", "src")
     idx = tensor(idx, "set_rows", "indices")
-    require(src.type.name in ("f32", "f16"), f"set_rows: src must be f32 or f16, got {src.type.name}",
-            InvalidType)
+    cpu_type(src, "set_rows", "set_rows src")
     require(dst.type.name in FLOAT or dst.type.block_size > 1,
             f"set_rows: rows convert into float or quantized tensors, not {dst.type.name}",
             InvalidType)
