@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import struct
+import tempfile
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 import numpy as np
@@ -236,7 +237,12 @@ def _init(alignment: Any) -> Any:
     head = (chk.MAGIC + struct.pack("<Iqq", 3, 0, 1) + struct.pack("<Q", len(key)) + key
             + struct.pack("<iI", chk.T_U32, int(alignment)))
     params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
-    return lib.gguf_init_from_buffer(head, len(head), params[0])
+    if hasattr(lib, "gguf_init_from_buffer"):
+        return lib.gguf_init_from_buffer(head, len(head), params[0])
+    with tempfile.TemporaryFile() as fh:      # releases before 0.15: from a file only
+        fh.write(head)
+        fh.flush()
+        return lib.gguf_init_from_file(f"/dev/fd/{fh.fileno()}".encode(), params[0])
 
 
 def write(path: str | os.PathLike[str], metadata: dict[str, Any], tensors: Any,

@@ -94,7 +94,17 @@ def _on_log(level: Any, text: Any, user_data: Any) -> None:
 _capture_log = ffi.callback("void(enum ggml_log_level, const char *, void *)")(_on_log)
 
 
-def _ggml_parse(ptr: Any, size: int) -> tuple[Any, str]:
+def init_from_bytes(ptr: Any, size: int, fd: int, params: Any) -> Any:
+    """gguf_init_from_buffer; releases before 0.15 have only gguf_init_from_file, which reads
+    the same open file through /dev/fd (the bytes the check scanned; the file is kept open
+    and checked unchanged)."""
+    from_buffer = getattr(lib, "gguf_init_from_buffer", None)
+    if from_buffer is not None:
+        return from_buffer(ptr, size, params)
+    return lib.gguf_init_from_file(f"/dev/fd/{fd}".encode(), params)
+
+
+def _ggml_parse(ptr: Any, size: int, fd: int) -> tuple[Any, str]:
     """gguf_init_from_buffer with ggml's log captured: (context or NULL, log text)."""
     global _log_lines
     params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
@@ -104,7 +114,7 @@ def _ggml_parse(ptr: Any, size: int) -> tuple[Any, str]:
         _log_lines = []
         lib.ggml_log_set(_capture_log, ffi.NULL)
         try:
-            raw = lib.gguf_init_from_buffer(ptr, size, params[0])
+            raw = init_from_bytes(ptr, size, fd, params[0])
         finally:
             lib.ggml_log_set(old_cb[0], old_ud[0])
             lines, _log_lines = _log_lines, None
@@ -183,7 +193,7 @@ class GGUFFile(Owned):
                 raise self._error(str(e)) from None
             # ggml parses the very bytes just checked (no second read of the file)
             with ffi.from_buffer("void *", self._map) as ptr:
-                raw, log = _ggml_parse(ptr, size)
+                raw, log = _ggml_parse(ptr, size, self._file.fileno())
             if raw == ffi.NULL:
                 raise self._error("ggml's parser refused it" + (f": {log}" if log else ""))
         except BaseException:
@@ -204,6 +214,11 @@ class GGUFFile(Owned):
         self.version = int(lib.gguf_get_version(raw))
         self.alignment = int(lib.gguf_get_alignment(raw))
         self.data_offset = int(lib.gguf_get_data_offset(raw))
+        if not layout.tensors and self.data_offset == -(-layout.data_offset // self.alignment) \
+                * self.alignment:
+            # a file without tensors may end unpadded; ggml before 0.15 seeks to the padded
+            # offset past its end and reports that
+            self.data_offset = layout.data_offset
         if (self.version, self.alignment, self.data_offset) != \
                 (layout.version, layout.alignment, layout.data_offset):
             raise self._error("ggml and ggml_py's check disagree on the header")
