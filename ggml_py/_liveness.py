@@ -18,6 +18,13 @@ from .errors import RPCError
 
 _ENDPOINT: dict[int, str | None] = {}   # device handle -> endpoint (None: not an RPC device)
 _SOCKETS: dict[tuple[str, int], tuple[str, str]] = {}   # (host, port) -> (fd, "socket:[inode]")
+_PROCESSES: dict[str, Any] = {}   # endpoint -> the server process rpc.serve() started there
+
+
+def served_by(endpoint: str, proc: Any) -> None:
+    """Record that `endpoint` is served by the child process `proc` (``rpc.serve``): its
+    liveness is then the process's, asked without touching the server's port."""
+    _PROCESSES[endpoint] = proc
 
 
 def _key(dev_ptr: Any) -> int:
@@ -75,7 +82,8 @@ def _addresses(host: str, port: int) -> frozenset[str] | None:
 def _connection_states(host: str, port: int) -> set[int] | None:
     """TCP states of this process's connections to host:port (Linux: each socket descriptor's
     peer and ``TCP_INFO``); None where that cannot be read. 1 is ESTABLISHED; a server that
-    died leaves 8 (CLOSE_WAIT) or no connection at all. The descriptor found last time is
+    died leaves 8 (CLOSE_WAIT) or no connection at all (as does a client that connects per
+    call, as ggml's did before 0.15: then the port is probed). The descriptor found last time is
     tried first (a few microseconds instead of a scan of every descriptor)."""
     if not sys.platform.startswith("linux"):
         return None
@@ -121,19 +129,32 @@ def reachable(endpoint: str) -> bool:
     probes the port: refused means dead; a timeout counts as alive, since a busy server
     (one client at a time, listen backlog of one) may leave a connection attempt waiting."""
     import socket
+    proc = _PROCESSES.get(endpoint)
+    if proc is not None:
+        # a server of ours: probing its port would compete with ggml's own connection (a
+        # server serves one client at a time, and ggml's client before 0.15 reconnects for
+        # every call)
+        return bool(proc.poll() is None)
     host, _, port_s = endpoint.rpartition(":")
     host = host.strip("[]")
     port = int(port_s)
     states = _connection_states(host, port)
     if states:
         return 1 in states
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
+    # a server busy with one client (backlog of one) can refuse a connection now and then:
+    # only a refusal that lasts means it is gone
+    import time
+    for attempt in range(8):
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except socket.gaierror:
+            return False
+        except ConnectionRefusedError:
+            time.sleep(0.005 * (attempt + 1))
+        except OSError:
             return True
-    except (ConnectionRefusedError, socket.gaierror):
-        return False
-    except OSError:
-        return True
+    return False
 
 
 def ensure_alive(dev_ptr: Any) -> None:

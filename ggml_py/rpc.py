@@ -234,6 +234,7 @@ def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     server = Server(proc, endpoint)
+    _liveness.served_by(endpoint, proc)
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
@@ -252,6 +253,7 @@ def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir
 
 
 _connected: dict[str, Registry] = {}
+_keepalive: dict[str, list[Any]] = {}
 
 
 def connect(endpoint: str, timeout: float = 5.0) -> Registry:
@@ -274,6 +276,11 @@ def connect(endpoint: str, timeout: float = 5.0) -> Registry:
     lib.ggml_backend_register(raw)
     _liveness.remember(raw, endpoint)
     reg = _connected[endpoint] = Registry(raw)
+    # ggml's client holds its connection to a server only while a buffer there lives, and
+    # otherwise connects again for every call; servers before 0.15 then refuse or reset some
+    # of those connections and the client aborts. One small buffer per device keeps the
+    # connection (closed with the server's other objects, see Server.close)
+    _keepalive[endpoint] = [d.buffer_type.alloc(1) for d in reg.devices]
     return reg
 
 
