@@ -95,6 +95,11 @@ def _git_env(tree: Path) -> dict[str, str]:
     vendor = Path(__file__).resolve().parent.parent / "vendor"
     if vendor in tree.resolve().parents:
         env["GIT_CEILING_DIRECTORIES"] = str(vendor)
+        # and no repository at all: on the GPU machine the ceiling alone still let git find
+        # this project's commit (paths that compare differently there); a GIT_DIR that does
+        # not exist makes every git call in ggml's CMake fail, which it reports as "unknown"
+        env["GIT_DIR"] = str(tree / ".no-git-history")
+        env.pop("GIT_WORK_TREE", None)
     return env
 
 

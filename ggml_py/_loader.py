@@ -47,6 +47,11 @@ def build_dir() -> Path:
         path = Path(sel)
         if not path.is_absolute() and not path.exists():
             path = LIB_ROOT / sel
+        # absolute, here and for child processes (RPC servers, notebook kernels) that start
+        # in another directory and read the same variable
+        path = path.absolute()
+        if path.is_dir():
+            os.environ["GGML_PY_BUILD"] = str(path)
         return path
     wanted = LIB_ROOT / _default_name()
     if (wanted / "build.json").exists():

@@ -108,3 +108,19 @@ def test_ggml_commit_is_the_trees_own():
     if gg.BUILD["inputs"].get("source") is None:
         assert commit == "unknown"
         assert gg.BUILD.get("ggml_commit", "unknown") == "unknown"
+
+
+def test_a_relative_build_selection_holds_in_other_directories(tmp_path):
+    """GGML_PY_BUILD relative to the current directory: ggml_py resolves it once, so child
+    processes that start elsewhere (RPC servers, notebook kernels) load the same build."""
+    import ggml_py as gg
+    rel = os.path.relpath(gg.BUILD_DIR, ROOT)
+    code = ("import os, subprocess, sys, ggml_py as gg; print(gg.BUILD_DIR);"
+            "print(subprocess.run([sys.executable, '-c', 'import ggml_py as g; print(g.BUILD_DIR)'],"
+            f" cwd={str(tmp_path)!r}, capture_output=True, text=True).stdout.strip())")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, GGML_PY_BUILD=rel,
+                                             PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    here, there = r.stdout.split()
+    assert Path(here) == Path(there) == gg.BUILD_DIR and Path(here).is_absolute()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import skip_without_index
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ("import ggml_py as gg, json; from ggml_py.__main__ import matmul_check;"
@@ -32,6 +33,8 @@ def test_0_20_2_builds_and_loads_beside_0_25_3():
     another_release(gg)
     r = subprocess.run([sys.executable, str(ROOT / "build_ggml.py"), "--ggml", "0.20.2"],
                        cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    if r.returncode:
+        skip_without_index(r.stderr, "building 0.20.2")
     assert r.returncode == 0, r.stderr[-3000:]
     folder = Path(r.stdout.strip().splitlines()[-1])
     assert folder.name == "ggml-0.20.2-cpu-rpc"

@@ -76,7 +76,8 @@ def group_norm(a: Tensor, n_groups: int, eps: float = 1e-6) -> Tensor:
     return build(a, lib.ggml_group_norm, a.ptr, n_groups, eps)
 
 
-ROPE_NORMAL, ROPE_NEOX = int(lib.GGML_ROPE_TYPE_NORMAL), int(lib.GGML_ROPE_TYPE_NEOX)
+# GGML_ROPE_TYPE_NORMAL is 0 (named from 0.10 on; 0.9.4 defines NEOX only)
+ROPE_NORMAL, ROPE_NEOX = int(getattr(lib, "GGML_ROPE_TYPE_NORMAL", 0)), int(lib.GGML_ROPE_TYPE_NEOX)
 
 
 def rope_ext(a: Tensor, pos: Tensor, n_dims: int | None = None, mode: int = ROPE_NORMAL, *,
