@@ -19,6 +19,16 @@ _NO_INDEX = ("from the package index", "No matching distribution found",
              "Could not find a version that satisfies")
 
 
+def producer_rows(dev) -> int:
+    """Rows of 1024 f32 for the event-ordering tests' producer chain: on a real GPU enough that
+    the chain runs for milliseconds, far longer than Python takes to queue the consumer (an
+    H200 finished the small chain before the copy was queued, so a missing record or wait went
+    unnoticed); software devices (lavapipe) keep it small: their one in-order queue orders
+    everything anyway."""
+    soft = any(s in dev.description.lower() for s in ("llvmpipe", "lavapipe", "swiftshader"))
+    return 256 if soft or dev.type == "cpu" else 16384
+
+
 def skip_without_index(output: str, what: str) -> None:
     """Skip, saying so, when `output` shows that the package index could not be reached (the
     GPU machine has none); on machines with an index the test runs and asserts as usual."""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import LayerStack, nmse
+from conftest import LayerStack, nmse, producer_rows
 
 ACCEL = [d.name for d in gg.devices()
          if d.type in ("gpu", "igpu") and not d.registry.name.startswith("RPC")]
@@ -47,7 +47,7 @@ def test_two_backends_of_one_device_ordered_by_events(accel, rng):
     destination); synchronize the destination, then read. Backend 0's work is long enough that
     an unordered copy would read `out` unfinished: the test fails without the record or the
     wait (tools/gpu/mutate_events.py)."""
-    x = rng.integers(-8, 8, (256, 1024)).astype(np.float32)   # sums of these stay exact
+    x = rng.integers(-8, 8, (producer_rows(accel), 1024)).astype(np.float32)  # exact sums
     n = 60
     with accel.backend() as b0, accel.backend() as b1, gg.Context() as ctx:
         a = ctx.from_numpy(x)
