@@ -45,9 +45,10 @@ globals().update(TYPES)  # gg.f32, gg.f16, gg.q4_0, ...
 
 
 def __getattr__(name: str) -> _Any:
-    # gg.rpc, gg.gguf and DLPack load on first use: sockets, subprocesses, GGUF parsing and
-    # the DLPack structs (parsed by cffi, about 30 ms) are not needed by every import
-    if name in ("rpc", "dlpack", "gguf"):
+    # gg.rpc, gg.gguf, gg.opt, gg.compare and DLPack load on first use: sockets,
+    # subprocesses, GGUF parsing, training and the DLPack structs (parsed by cffi, about
+    # 30 ms) are not needed by every import
+    if name in ("rpc", "dlpack", "gguf", "opt", "compare"):
         return _importlib.import_module(f".{name}", __name__)
     if name == "from_dlpack":
         from .dlpack import from_dlpack

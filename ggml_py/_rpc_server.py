@@ -19,14 +19,8 @@ import time
 DEFAULT_PORT = 50052
 
 
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:          # macOS
-        return os.cpu_count() or 1
-
-
 def _parser(max_threads: int) -> argparse.ArgumentParser:
+    from ._backend import usable_cores
     p = argparse.ArgumentParser(
         prog="python -m ggml_py rpc-server",
         description="Serve this machine's ggml devices over ggml's RPC protocol until stopped "
@@ -40,7 +34,7 @@ def _parser(max_threads: int) -> argparse.ArgumentParser:
     p.add_argument("--device", action="append", metavar="NAME",
                    help="device to serve, by name as `python -m ggml_py` lists it "
                         "(repeatable; default: CPU)")
-    p.add_argument("--threads", type=int, default=_usable_cores(),
+    p.add_argument("--threads", type=int, default=usable_cores(),
                    help=f"CPU threads for the served CPU device, 1..{max_threads} (default: the "
                         "cores this process may use)")
     p.add_argument("--cache-dir", default=None, metavar="DIR",

@@ -124,3 +124,16 @@ def test_a_relative_build_selection_holds_in_other_directories(tmp_path):
     assert r.returncode == 0, r.stderr
     here, there = r.stdout.split()
     assert Path(here) == Path(there) == gg.BUILD_DIR and Path(here).is_absolute()
+
+
+def test_optional_modules_load_on_first_use():
+    """`import ggml_py` stays lean: gg.rpc, gg.gguf, gg.opt, gg.compare and DLPack load when
+    first touched, and each is then the module itself."""
+    code = ("import sys, ggml_py as gg; names = ['rpc', 'gguf', 'opt', 'compare', 'dlpack'];"
+            "print([f'ggml_py.{n}' in sys.modules for n in names]);"
+            "print([getattr(gg, n) is sys.modules[f'ggml_py.{n}'] for n in names])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    before, after = r.stdout.split("\n")[:2]
+    assert before == str([False] * 5) and after == str([True] * 5)
