@@ -4,7 +4,9 @@ numpy (test-backend-ops' NMSE) or refused cleanly, never silently wrong.
 Run by tests/test_generated.py in a child process (a crash then fails the test and the last
 case printed names it):
 
-    python tests/generated.py --examples 200 [--devices CPU,RPC] [--seed N]
+    python tests/generated.py --examples 200 [--devices CPU,CUDA0,RPC] [--seed N]
+
+(by default every device of the loaded build, and an RPC server's).
 
 Layouts: contiguous; transposed (stored transposed, viewed back with ``.T``); permuted (a 3-D
 tensor stored with its axes moved, viewed back with ``permute``); strided (a view of every
@@ -135,12 +137,16 @@ def main(argv=None) -> int:
     from hypothesis import HealthCheck, given, seed, settings, strategies as st
     p = argparse.ArgumentParser()
     p.add_argument("--examples", type=int, default=200)
-    p.add_argument("--devices", default="CPU,RPC")
+    p.add_argument("--devices", default=None,
+                   help="comma-separated device names and RPC (default: every device of the "
+                        "build, and an RPC server's)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     devices = {}
     servers = []
-    for name in args.devices.split(","):
+    names = args.devices.split(",") if args.devices else \
+        [d.name for d in gg.devices()] + ["RPC"]   # CUDA0/CUDA1, Vulkan0... where built
+    for name in names:
         if name == "RPC":
             srv = gg.rpc.serve()
             servers.append(srv)
