@@ -74,9 +74,11 @@ build)
             -lggml-base -Xlinker -rpath="$folder" -o /tmp/event_rss &&
             GGML_CUDA_DEVICES=2 timeout 60 /tmp/event_rss 200000
     } > "$OUT/rss.txt" 2>&1
-    [ -n "${SKIP_GEN:-}" ] || GGML_CUDA_DEVICES=2 timeout 45 python3 tests/generated.py --examples 300 \
-        --devices CPU,CUDA0,CUDA1,Vulkan0 > "$OUT/gen.log" 2>&1
-    echo "generator exit $?" >> "$OUT/gen.log"
+    if [ -z "${SKIP_GEN:-}" ]; then       # every device of the build, and RPC (issue 16)
+        GGML_CUDA_DEVICES=2 timeout "${GEN_SECONDS:-120}" python3 tests/generated.py \
+            --examples 100000 > "$OUT/gen.log" 2>&1
+        echo "generator exit $? (124: stopped by its time limit, no failure)" >> "$OUT/gen.log"
+    fi
     echo "phase total ${SECONDS}s" | tee -a "$OUT/env.txt"
     ;;
 suite|suite1|suite2)
