@@ -79,6 +79,9 @@ class Context(Owned):
         self._pending: list[tuple[Tensor, np.ndarray]] = []   # from_numpy values to set
         self._closing = False
         self._exports: weakref.WeakSet[_Export] = weakref.WeakSet()
+        # split nodes of graphs with tensors here that a scheduler points at its copies:
+        # node address -> (scheduler, the node's own sources) (see _tensor_base.own_sources)
+        self.rewired: dict[int, tuple[Any, list[Any]]] = {}
 
     # -- chunks ------------------------------------------------------------------------------
     def _new_chunk(self) -> Any:

@@ -55,7 +55,7 @@ def _count_nodes(outs: list[Tensor]) -> int:
         if k in seen:
             continue
         seen.add(k)
-        for s in own_sources(p):
+        for s in p.src:            # (new graphs give split nodes their sources back first)
             if s != null:
                 stack.append(s)
     return len(seen)
@@ -78,6 +78,9 @@ class Graph:
         for t in outs:
             for c in t.ctx.contexts():
                 contexts[id(c)] = c
+        # a scheduler may point nodes of these contexts at its own copies: they get their
+        # sources back before anything walks them (that scheduler splits again next time)
+        give_back_rewired(contexts)
         # every tensor of the graph lives in one of these contexts: their tensor count bounds
         # the graph (one C call per chunk instead of a walk of the graph in Python)
         count = sum(c.n_tensors() for c in contexts.values())
@@ -100,9 +103,6 @@ class Graph:
         # every context holding a node or leaf: a closed one would leave the graph pointing
         # into freed memory, so computing then raises instead
         self._contexts = list(contexts.values())
-        # a scheduler may point nodes of these contexts at its own copies: they get their
-        # sources back before ggml walks them (that scheduler splits again next time)
-        give_back_rewired(contexts)
         self._meta = _GraphMemory(raw, lib.ggml_free, parents=tuple(self._contexts))
         self.ptr = lib.ggml_new_graph_custom(raw, n, False)
         for t in outs:
@@ -157,7 +157,7 @@ class Graph:
             seen: set[Any] = set()
             null = ffi.NULL
             for n in nodes:
-                for s in (n.src if fresh else own_sources(n)):
+                for s in (n.src if fresh else own_sources(n, self._contexts)):
                     if s != null and s not in keys and s not in seen:
                         seen.add(s)
                         entries.append((s, False))

@@ -24,7 +24,7 @@ from ._graph import Graph
 from ._handle import Owned, hand_over
 from ._liveness import endpoint_of, supports_op
 from ._loader import cstr, ffi, lib
-from ._tensor_base import REWIRED, give_back_rewired
+from ._tensor_base import give_back_rewired
 from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, check, require
 
 MAX_BACKENDS = 16  # GGML_SCHED_MAX_BACKENDS (a private define of ggml-backend.cpp)
@@ -80,7 +80,7 @@ class Scheduler(Owned):
         # zero-copy exports (numpy views, DLPack) of memory it may have placed: close() leaves
         # its buffers to them (Context.export registers them here)
         self._exports: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._wired = False      # the placed graph's split nodes read its copies (REWIRED)
+        self._wired = False      # the placed graph's split nodes read its copies (rewired)
 
     @property
     def graph(self) -> Graph | None:
@@ -165,7 +165,8 @@ class Scheduler(Owned):
             raise GGMLError("the scheduler could not allocate the graph (out of memory?)")
         for t, srcs in sources:
             if any(a != b for a, b in zip(t.src, srcs)):
-                REWIRED[_addr(t)] = (self, srcs)
+                for c in graph.contexts:       # (one of them holds the node)
+                    c.rewired[_addr(t)] = (self, srcs)
         self._wired = True
         # a node that had memory before (another graph's allocation placed it) stays where it
         # is, and ggml runs it on the backend it was pinned to or chose, in place: that
@@ -266,7 +267,8 @@ class Scheduler(Owned):
         self._wired = False
         for graph, _, sources in self._placed:
             for t, _ in sources:
-                REWIRED.pop(_addr(t), None)
+                for c in graph.contexts:
+                    c.rewired.pop(_addr(t), None)
             if not any(c.closed for c in graph.contexts):   # (else its tensors are gone)
                 _restore(sources)
 

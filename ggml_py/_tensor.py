@@ -74,7 +74,7 @@ class Tensor(TensorBase):
     def src(self) -> list["Tensor"]:
         """The operands of this tensor's op, each kept by the context that owns it."""
         out = []
-        for s in own_sources(self.ptr):       # not a scheduler's copies
+        for s in own_sources(self.ptr, (self.ctx,)):     # not a scheduler's copies
             if s != ffi.NULL:
                 out.append(self.ctx.wrap_raw(s))
         return out

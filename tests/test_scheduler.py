@@ -209,3 +209,29 @@ def test_split_nodes_keep_their_own_sources(cpu, rpc_devs, first, steps):
     cpu_be.compute(g)
     np.testing.assert_allclose(z.numpy(), ref)
     ctx.close()
+
+
+def test_a_split_graph_dropped_without_close_is_collected(cpu, rpc_devs):
+    """The record of split nodes lives on the graph's contexts, not in a global: a context, its
+    graph and the scheduler that split it, dropped without close(), are collected."""
+    import gc
+    import weakref
+    cpu_be, rpc_be = cpu.backend(), rpc_devs[0].backend()
+    refs = []
+    for _ in range(3):
+        ctx = gg.Context()
+        a = ctx.tensor(gg.f32, (4, 4))
+        ctx.alloc(cpu_be)
+        a.set(np.ones((4, 4), np.float32))
+        x = gg.mul_mat(a, a)
+        out = x + a
+        sched = gg.Scheduler([rpc_be, cpu_be])
+        sched.set_backend(x, rpc_be)
+        sched.compute(gg.Graph(out))
+        assert ctx.rewired and out.numpy()[0, 0] == 5.0      # split: x on RPC0, the add on the CPU
+        refs += [weakref.ref(ctx), weakref.ref(sched)]
+        del ctx, a, x, out, sched
+    gc.collect()
+    assert all(r() is None for r in refs)
+    cpu_be.close()
+    rpc_be.close()
