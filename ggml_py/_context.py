@@ -162,6 +162,8 @@ class Context(Owned):
             tt, ne = like._type, like._ne
             if tt is not None and ne is not None and tt._block == 1:
                 t._type, t._ne = tt, ne
+                if ndim is not None and like._shape is not None and len(like._shape) == ndim:
+                    t._shape = like._shape          # (a binary op may add leading axes)
                 s = tt._size
                 t._nb = (s, s * ne[0], s * ne[0] * ne[1], s * ne[0] * ne[1] * ne[2])
         return t

@@ -96,7 +96,7 @@ class TensorBase:
     """A ggml tensor's facts; keeps the context that owns the tensor (and so its memory)
     alive."""
 
-    __slots__ = ("_p", "ctx", "_ndim", "_ne", "_nb", "_type", "_contig", "__weakref__")
+    __slots__ = ("_p", "ctx", "_ndim", "_ne", "_nb", "_type", "_contig", "_shape", "__weakref__")
 
     def __init__(self, p: Any, ctx: "Context", ndim: int | None = None) -> None:
         self._p = p
@@ -106,6 +106,7 @@ class TensorBase:
         self._nb: tuple[int, ...] | None = None
         self._type: T.GGMLType | None = None
         self._contig: bool | None = None
+        self._shape: tuple[int, ...] | None = None
 
     @property
     def ptr(self) -> Any:
@@ -149,7 +150,12 @@ class TensorBase:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(reversed(self.ne[: self.ndim]))
+        if self.ctx._raw is None:
+            raise ClosedError("this tensor's context is closed")
+        shape = self._shape
+        if shape is None:            # fixed once ggml made the tensor
+            shape = self._shape = tuple(reversed(self.ne[: self.ndim]))
+        return shape
 
     @property
     def size(self) -> int:
