@@ -14,7 +14,7 @@ import ggml_py as gg
 from ggml_py import _display as D
 from ggml_py import _display_graph as DG
 
-from conftest import ROOT, LayerStack, needs_release
+from conftest import ROOT, LayerStack, needs_release, vocab_archive
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -250,10 +250,9 @@ def test_gguf_html_tables(tmp_path):
 def test_gguf_html_of_a_real_vocab_file(tmp_path):
     gguf = pytest.importorskip("ggml_py.gguf")
     import tarfile
-    from ggml_build import pins
-    sdist = pins.cache_dir() / "llama_cpp_python-0.3.36.tar.gz"
-    if not sdist.exists():
-        pytest.skip("the llama-cpp-python 0.3.36 sdist is not in the cache")
+    sdist = vocab_archive()
+    if sdist is None:
+        pytest.skip("no pinned llama.cpp sdist (with its vocab GGUF files) in the cache")
     with tarfile.open(sdist) as tf:
         member = next(m for m in tf if m.name.endswith("models/ggml-vocab-llama-spm.gguf"))
         member.name = "vocab.gguf"

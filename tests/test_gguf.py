@@ -1,4 +1,4 @@
-"""gg.gguf: reading real files (the vocab GGUF files of the pinned llama-cpp-python sdist)
+"""gg.gguf: reading real files (the vocab GGUF files of a pinned llama.cpp sdist, the default release's)
 against upstream's gguf-py, writing files gguf-py reads identically, loading tensors (zero copy
 on the CPU, chunked uploads elsewhere), and bad files that raise instead of crashing."""
 import gc
@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
+from conftest import vocab_archive
 from ggml_py import gguf
 from ggml_py.gguf import GGUFError
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_ROOT = Path(gg.__file__).resolve().parent.parent   # where the children import ggml_py
-SDIST = "llama_cpp_python-0.3.36.tar.gz"
 SMALL = ["ggml-vocab-bert-bge.gguf", "ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf"]
 
 # upstream's gguf-py value types by our names
@@ -36,11 +36,13 @@ _NP = {"u8": np.uint8, "i8": np.int8, "u16": np.uint16, "i16": np.int16, "u32": 
 
 @pytest.fixture(scope="session")
 def vocab_dir(tmp_path_factory):
-    """The ggml-vocab-*.gguf files of the llama-cpp-python 0.3.36 sdist, extracted once."""
+    """The ggml-vocab-*.gguf files of a pinned llama.cpp sdist (the default release's),
+    extracted once."""
     from ggml_build import pins
-    archive = pins.cache_dir() / SDIST
-    if not archive.exists():
-        pytest.skip(f"{archive} is absent (python build_ggml.py downloads it): no real GGUF files")
+    archive = vocab_archive()
+    if archive is None:
+        pytest.skip(f"no pinned llama.cpp sdist in {pins.cache_dir()} (python build_ggml.py "
+                    "downloads the default's): no real GGUF files")
     out = tmp_path_factory.mktemp("vocab")
     with tarfile.open(archive, "r|gz") as tar:
         for m in tar:
