@@ -1,8 +1,8 @@
 """Random mutations of real GGUF files, read by gg.gguf.read and by ggml's parser alone, each
 batch in a child process so that a crash is caught, attributed to its seed, and the run goes on.
 
-Files: the vocabulary GGUF files of the llama-cpp-python 0.3.36 sdist (extracted from the
-sdist cache, or --dir), plus one file with tensors written here (the vocab files have none,
+Files: the vocabulary GGUF files of a pinned llama.cpp sdist, the default release's (extracted
+from the sdist cache, or --dir), plus one file with tensors written here (the vocab files have none,
 and tensor infos are half of the format).
 
     python benchmarks/fuzz_gguf.py                      # 10,000 mutations, 2 jobs
@@ -32,7 +32,6 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SDIST = "llama_cpp_python-0.3.36.tar.gz"
 INTERESTING = [0, 1, 2, 3, 7, 8, 9, 12, 13, 31, 32, 33, 63, 64, 255, 256, 4095, 4096, 65535,
                2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**62, 2**63 - 1, 2**63, 2**64 - 1]
 
@@ -43,9 +42,10 @@ def extract_vocab(dest: Path) -> list[Path]:
     """The ggml-vocab-*.gguf files of the pinned sdist, extracted under `dest`."""
     sys.path.insert(0, str(ROOT))
     from ggml_build import pins
-    archive = pins.cache_dir() / SDIST
-    if not archive.exists():
-        raise FileNotFoundError(f"{archive} is missing: run `python build_ggml.py` (it downloads it)")
+    archive = pins.vocab_sdist()
+    if archive is None:
+        raise FileNotFoundError(f"no pinned llama.cpp sdist in {pins.cache_dir()}: run "
+                                "`python build_ggml.py` (it downloads the default's)")
     out = []
     with tarfile.open(archive, "r|gz") as tar:
         for m in tar:

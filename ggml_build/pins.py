@@ -150,6 +150,21 @@ def _download(pin: Pin, dest: Path, log) -> None:
     log(f"downloaded {pin.file}: {human_bytes(size)} in {dt:.1f} s ({human_bytes(size / dt)}/s)")
 
 
+def vocab_sdist() -> Path | None:
+    """A cached pinned sdist that carries llama.cpp's ``models/ggml-vocab-*.gguf`` (real GGUF
+    files for tests, benchmarks and notebooks): the default release's, else another pin's from
+    llama.cpp, newest first; None when none is in the cache."""
+    default, all_pins = load_manifest()
+    order = [default] + sorted((r for r in all_pins if r != default), key=_version_key,
+                               reverse=True)
+    for release in order:
+        pin = all_pins[release]
+        archive = cache_dir() / pin.file
+        if pin.tree.endswith("llama.cpp/ggml") and archive.exists():
+            return archive
+    return None
+
+
 def tree_dir(pin: Pin) -> Path:
     return ROOT / "vendor" / pin.release
 

@@ -30,19 +30,8 @@ def producer_rows(dev) -> int:
 
 
 def vocab_archive() -> Path | None:
-    """A cached pinned sdist that carries llama.cpp's models/ggml-vocab-*.gguf (the real GGUF
-    files the tests read): the default release's, else another pin's from llama.cpp, newest
-    first; None when none is in the sdist cache."""
     from ggml_build import pins
-    default, all_pins = pins.load_manifest()
-    order = [default] + sorted((r for r in all_pins if r != default),
-                               key=lambda r: tuple(int(p) for p in r.split(".")), reverse=True)
-    for release in order:
-        pin = all_pins[release]
-        archive = pins.cache_dir() / pin.file
-        if pin.tree.endswith("llama.cpp/ggml") and archive.exists():
-            return archive
-    return None
+    return pins.vocab_sdist()
 
 
 def skip_without_index(output: str, what: str) -> None:
