@@ -280,7 +280,13 @@ def connect(endpoint: str, timeout: float = 5.0) -> Registry:
     # otherwise connects again for every call; servers before 0.15 then refuse or reset some
     # of those connections and the client aborts. One small buffer per device keeps the
     # connection (closed with the server's other objects, see Server.close)
-    _keepalive[endpoint] = [d.buffer_type.alloc(1) for d in reg.devices]
+    keep = []
+    for d in reg.devices:
+        try:
+            keep.append(d.buffer_type.alloc(1))
+        except GGMLError:           # (a full device: connect anyway, without the pin)
+            pass
+    _keepalive[endpoint] = keep
     return reg
 
 
