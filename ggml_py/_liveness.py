@@ -124,8 +124,8 @@ def _connection_states(host: str, port: int) -> set[int] | None:
 def reachable(endpoint: str) -> bool:
     """False only when the server at `endpoint` is known to be gone.
 
-    A server this process started (``rpc.serve``) is alive while its process is.
-    On Linux this reads the state of ggml's own connection to it: ESTABLISHED means alive,
+    A server this process started (``rpc.serve``) is alive while its process is. For other
+    servers, on Linux this reads the state of ggml's own connection to it: ESTABLISHED means alive,
     a connection the server closed (CLOSE_WAIT) means dead. Without such a connection it
     probes the port: refused means dead; a timeout counts as alive, since a busy server
     (one client at a time, listen backlog of one) may leave a connection attempt waiting."""
