@@ -285,7 +285,8 @@ class Graph:
 
     def _compute_locked(self, backend: "Backend", asynchronous: bool) -> None:
         backend.ensure_alive()
-        give_back_rewired({id(c): c for c in self._contexts})   # a scheduler's copies
+        if any(c.rewired for c in self._contexts):      # a scheduler's copies (rare)
+            give_back_rewired({id(c): c for c in self._contexts})
         self.prepare(backend)
         self.check_indices()
         if asynchronous:
