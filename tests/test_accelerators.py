@@ -43,28 +43,34 @@ def test_enumeration_and_buffer_types(accel):
 
 
 def test_two_backends_of_one_device_ordered_by_events(accel, rng):
-    """Compute on backend 0, record; backend 1 waits and copies (the copy is queued on the
-    destination); synchronize the destination, then read. Backend 0's work is long enough that
-    an unordered copy would read `out` unfinished: the test fails without the record or the
-    wait (tools/gpu/mutate_events.py)."""
+    """Backend 0 computes a long chain that ends by writing `mid`; backend 1, a second queue on
+    the same device, computes `mid + mid` once it has waited on an event recorded on backend 0.
+    Only the event orders the two queues (ggml queues a copy between two backends on the
+    source's stream, so a test that ends in `copy_async` is ordered by ggml itself and cannot
+    notice a missing event; this one can). `mid` starts as NaN, so a consumer that runs early
+    reads NaN or a half-written row: with the record or the wait removed the test fails
+    (tools/mutate_events.py)."""
     x = rng.integers(-8, 8, (producer_rows(accel), 1024)).astype(np.float32)  # exact sums
     n = 60
     with accel.backend() as b0, accel.backend() as b1, gg.Context() as ctx:
         a = ctx.from_numpy(x)
-        dst = ctx.tensor(gg.f32, x.shape)
+        mid = ctx.tensor(gg.f32, x.shape)
+        res = ctx.tensor(gg.f32, x.shape)
         ctx.alloc(b0)
+        b0.set_async(mid, np.full(x.shape, np.nan, np.float32))
         b0.set_async(a, x)
         out = gg.relu(a)
         for _ in range(n):
             out = out + a
-        b0.compute_async(gg.Graph(out))
+        b0.compute_async(gg.Graph(gg.cpy(out, mid)))      # producer: b0's queue
+        consumer = gg.Graph(gg.cpy(mid + mid, res))         # reads only `mid` (a leaf)
         with accel.event() as ev:
             ev.record(b0)
             b1.wait(ev)
-            gg.copy_async(out, dst, b0, b1)
+            b1.compute_async(consumer)                      # b1's queue: ordered by the event
             b1.synchronize()
         b0.synchronize()
-        assert np.array_equal(dst.numpy(), np.maximum(x, 0) + n * x)
+        assert np.array_equal(res.numpy(), 2 * (np.maximum(x, 0) + n * x))
 
 
 def test_async_set_get_round_trip(accel, rng):

@@ -36,29 +36,36 @@ def test_both_enumerate_with_their_buffer_types(pair):
 
 
 def test_event_on_one_orders_a_copy_into_the_other(pair, rng):
-    """Device 0 gets a long chain of work (milliseconds, far longer than Python takes to queue
-    the copy), so a copy not ordered by the event would read `out` before it is computed: this
-    test fails when the record or the wait is removed (tools/gpu/mutate_events.py shows it)."""
+    """Device 1 reads `dst` for milliseconds (a long chain of adds); device 0 then copies new
+    values into `dst`. ggml queues a copy between devices on the source's stream (device 0),
+    where nothing waits for device 1's reads: only an event recorded on device 1 and waited on
+    by device 0 keeps the copy from overwriting `dst` while the chain still reads it. With the
+    record or the wait removed the chain sees the new values and the test fails
+    (tools/mutate_events.py shows it). This is the ordering ggml's scheduler needs before it
+    overwrites a split's inputs."""
     d0, d1 = pair
-    x = rng.integers(-8, 8, (producer_rows(d0), 1024)).astype(np.float32)  # exact sums
+    rows = producer_rows(d0)
+    old = rng.integers(-8, 8, (rows, 1024)).astype(np.float32)  # exact sums
+    new = old + 1
     n = 200
     with d0.backend() as b0, d1.backend() as b1, gg.Context() as c0, gg.Context() as c1:
-        a = c0.from_numpy(x)
+        src = c0.from_numpy(new)
         c0.alloc(b0)
-        dst = c1.tensor(gg.f32, x.shape)
+        dst = c1.from_numpy(old)
+        res = c1.tensor(gg.f32, old.shape)
         c1.alloc(b1)
-        b0.set_async(a, x)
-        out = a
-        for _ in range(n):                         # work on device 0 the copy must wait for
-            out = out + a
-        b0.compute_async(gg.Graph(out))
-        with d0.event() as ev:
-            ev.record(b0)
-            b1.wait(ev)
-            gg.copy_async(out, dst, b0, b1)       # queued on device 1
+        out = dst
+        for _ in range(n):                         # device 1 reads dst throughout
+            out = out + dst
+        b1.compute_async(gg.Graph(gg.cpy(out, res)))
+        with d1.event() as ev:
+            ev.record(b1)
+            b0.wait(ev)
+            gg.copy_async(src, dst, b0, b1)       # ggml queues it on device 0's stream
+            b0.synchronize()
             b1.synchronize()
-        b0.synchronize()
-        assert np.array_equal(dst.numpy(), x * (n + 1))
+        assert np.array_equal(res.numpy(), old * (n + 1))   # the chain saw only the old values
+        assert np.array_equal(dst.numpy(), new)
 
 
 def test_scheduler_splits_a_stack_over_both(pair, cpu):
