@@ -67,6 +67,23 @@ def missing_packages(*, driver: bool = True) -> list[str]:
     return missing
 
 
+def _glslc_runs() -> None:
+    """ggml's CMake probes glslc's shader extensions by matching "extension not supported" in
+    its errors; a glslc that cannot run at all (a missing libshaderc) matches nothing, so every
+    extension is taken as supported and the build later fails compiling shaders it cannot
+    compile. The probe's answer is also kept in the shader generator's own CMake cache, so a
+    build folder configured with a broken glslc stays wrong after glslc is fixed."""
+    try:
+        r = subprocess.run(["glslc", "--version"], capture_output=True, text=True, timeout=60)
+        ok, why = r.returncode == 0, (r.stderr or r.stdout).strip()[-300:]
+    except OSError as e:
+        ok, why = False, str(e)
+    if not ok:
+        raise BuildError(f"glslc is installed but does not run: {why}",
+                         "reinstall glslc and libshaderc1 (apt-get install --reinstall glslc "
+                         "libshaderc1), then delete the Vulkan build folder under build/")
+
+
 def include_dir() -> Path:
     """A Vulkan include folder new enough for ggml: the system's, else vendor/vulkan-headers.
     Raises BuildError saying what to run when neither is."""
@@ -75,6 +92,7 @@ def include_dir() -> Path:
         raise BuildError(f"the Vulkan build needs {', '.join(missing)}",
                          f"apt-get install {' '.join(PACKAGES)} (or: python -m ggml_build.vulkan "
                          "--install)")
+    _glslc_runs()
     system = Path("/usr/include")
     if (header_version(system) or 0) >= MIN_HEADER:
         return system

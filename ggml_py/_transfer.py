@@ -167,16 +167,20 @@ def copy_async(src: "Tensor", dst: "Tensor", src_backend: "Backend", dst_backend
     """Copy tensor `src` (on `src_backend`'s device) into `dst` (on `dst_backend`'s device)
     with ``ggml_backend_tensor_copy_async``.
 
-    Where the destination backend has a native ``cpy_tensor_async`` (CUDA, Metal, Vulkan) the
-    copy is queued on the **destination** backend: order it after work on the source with an
-    event recorded on `src_backend` and waited on by `dst_backend`, and read the bytes only
-    after synchronizing `dst_backend` (or an event recorded on it). Without one (CPU, RPC),
-    ggml synchronizes both backends and copies blocking.
+    Where the backends have a native ``cpy_tensor_async`` ggml queues the copy on one of the
+    two queues, and which one depends on the backend (0.26.0): CUDA puts it on the
+    **source's** stream and makes the destination's wait for it; Vulkan puts it on the
+    **destination's** queue; Metal on the source's, behind a marker of the destination's
+    queue. The queue it lands on orders that side only, so order both with events: the source's writes before the copy (read after write) and the destination's
+    reads of `dst` before it is overwritten (write after read). Read the bytes only after
+    synchronizing both backends. Without a native copy (CPU, RPC, two kinds of device), ggml
+    synchronizes both backends and copies blocking.
 
-        ev = gg.device("Vulkan0").event()
-        ev.record(be0); be1.wait(ev)
+        e0, e1 = dev0.event(), dev1.event()
+        e0.record(be0); e1.record(be1)
+        be1.wait(e0); be0.wait(e1)
         gg.copy_async(a, b, be0, be1)
-        be1.synchronize()
+        be0.synchronize(); be1.synchronize()
     """
     _tensor(src, "copy_async", "src")
     _tensor(dst, "copy_async", "dst")

@@ -85,6 +85,29 @@ def test_async_set_get_round_trip(accel, rng):
         ctx.close()
 
 
+CROSS = [(a, b) for a in ACCEL for b in ACCEL
+         if gg.device(a).registry != gg.device(b).registry]
+
+
+@pytest.mark.skipif(not CROSS, reason="needs accelerators of two kinds (CUDA0 and Vulkan0)")
+@pytest.mark.parametrize("names", CROSS or [("none", "none")], ids=lambda p: "->".join(p))
+def test_copy_between_two_kinds_of_device_is_byte_identical(names, rng):
+    """A copy between, say, CUDA0 and Vulkan0 has no native path: ggml synchronizes both
+    backends and copies through the host. Every byte arrives, NaN payloads included."""
+    bits = rng.integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    d0, d1 = (gg.device(n) for n in names)
+    with d0.backend() as b0, d1.backend() as b1:
+        c0, s = _on(b0, x)
+        c1, d = _on(b1, np.zeros_like(x))
+        gg.copy_async(s, d, b0, b1)
+        b0.synchronize()
+        b1.synchronize()
+        assert np.array_equal(d.numpy(copy=True).view(np.uint32), bits)
+        c0.close()
+        c1.close()
+
+
 @pytest.mark.parametrize("direction", ["cpu->device", "device->cpu"])
 def test_copy_async_between_cpu_and_device(accel, cpu, rng, direction):
     x = rng.standard_normal((64, 64)).astype(np.float32)

@@ -35,37 +35,46 @@ def test_both_enumerate_with_their_buffer_types(pair):
         assert d.buffer_type.device == d
 
 
-def test_event_on_one_orders_a_copy_into_the_other(pair, rng):
-    """Device 1 reads `dst` for milliseconds (a long chain of adds); device 0 then copies new
-    values into `dst`. ggml queues a copy between devices on the source's stream (device 0),
-    where nothing waits for device 1's reads: only an event recorded on device 1 and waited on
-    by device 0 keeps the copy from overwriting `dst` while the chain still reads it. With the
-    record or the wait removed the chain sees the new values and the test fails
-    (tools/mutate_events.py shows it). This is the ordering ggml's scheduler needs before it
-    overwrites a split's inputs."""
+def test_events_order_a_copy_between_two_devices(pair, rng):
+    """Device 0 computes `out` for milliseconds while device 1 reads `dst` for milliseconds;
+    then `out` is copied into `dst`. The copy must wait for both: for device 0's writes (read
+    after write) and for device 1's reads (write after read). ggml queues the copy on one of
+    the two queues, which one depends on the backend (CUDA: the source's stream, which then
+    makes the destination wait; Vulkan: the destination's queue), so the queue it lands on
+    orders one side and only an event orders the other. Each device records an event and the
+    other waits on it; with the record or the wait removed the chain or the copy sees the
+    wrong values and the test fails (tools/mutate_events.py shows it)."""
     d0, d1 = pair
     rows = producer_rows(d0)
-    old = rng.integers(-8, 8, (rows, 1024)).astype(np.float32)  # exact sums
-    new = old + 1
+    x = rng.integers(-8, 8, (rows, 1024)).astype(np.float32)  # exact sums
+    old = x - 1
     n = 200
     with d0.backend() as b0, d1.backend() as b1, gg.Context() as c0, gg.Context() as c1:
-        src = c0.from_numpy(new)
+        a = c0.from_numpy(x)
+        out = c0.tensor(gg.f32, x.shape)
         c0.alloc(b0)
         dst = c1.from_numpy(old)
-        res = c1.tensor(gg.f32, old.shape)
+        res = c1.tensor(gg.f32, x.shape)
         c1.alloc(b1)
-        out = dst
-        for _ in range(n):                         # device 1 reads dst throughout
-            out = out + dst
-        b1.compute_async(gg.Graph(gg.cpy(out, res)))
-        with d1.event() as ev:
-            ev.record(b1)
-            b0.wait(ev)
-            gg.copy_async(src, dst, b0, b1)       # ggml queues it on device 0's stream
+        b0.set_async(out, np.full(x.shape, np.nan, np.float32))
+        chain = a
+        for _ in range(n):                         # device 0 writes `out` at the end
+            chain = chain + a
+        b0.compute_async(gg.Graph(gg.cpy(chain, out)))
+        reader = dst
+        for _ in range(n):                         # device 1 reads `dst` throughout
+            reader = reader + dst
+        b1.compute_async(gg.Graph(gg.cpy(reader, res)))
+        with d0.event() as e0, d1.event() as e1:
+            e0.record(b0)
+            e1.record(b1)
+            b1.wait(e0)
+            b0.wait(e1)
+            gg.copy_async(out, dst, b0, b1)
             b0.synchronize()
             b1.synchronize()
-        assert np.array_equal(res.numpy(), old * (n + 1))   # the chain saw only the old values
-        assert np.array_equal(dst.numpy(), new)
+        assert np.array_equal(res.numpy(), old * (n + 1))      # the reader saw only `old`
+        assert np.array_equal(dst.numpy(), x * (n + 1))        # the copy saw finished `out`
 
 
 def test_scheduler_splits_a_stack_over_both(pair, cpu):

@@ -4,7 +4,7 @@ fail (issue 17): with ``GGML_PY_MUTATE=record`` ``Event.record`` does nothing, w
 on devices with real asynchronous queues (CUDA, Vulkan, Metal); a pass means the test could
 not notice a missing record or wait.
 
-    GGML_PY_MUTATE=wait python -m pytest -p tools.mutate_events -k "ordered or orders" tests/
+    GGML_PY_MUTATE=wait python -m pytest -p tools.mutate_events -k "ordered_by or events_order" tests/
 
 (The RPC backend of ggml 0.25.3 waits on nothing and copies blocking, so on CPU + RPC alone
 these tests cannot tell; that is why they are shown on Vulkan0 and on the CUDA pair.)

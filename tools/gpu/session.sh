@@ -3,19 +3,21 @@
 # them back to back (the machine stays warm 30 s; the build survives between warm calls):
 #
 #   run(command="bash tools/gpu/session.sh build", carry=[".whl", ".gpu", ".gl"], timeout_s=600)
-#   run(command="bash tools/gpu/session.sh suite", carry=[".whl", ".gpu", ".gl"])
-#   (then `suite2` alone, if the call's limit cut the second half off)
+#   run(command="bash tools/gpu/session.sh checks", carry=[".whl", ".gpu", ".gl"])
+#   run(command="bash tools/gpu/session.sh suite1", carry=[".whl", ".gpu", ".gl"])
+#   run(command="bash tools/gpu/session.sh suite2", carry=[".whl", ".gpu", ".gl"])
 #
 # build   unpack the Vulkan loader (.gl), copy the trimmed trees (.gpu/vendor, made here by
 #         `python tools/gpu/pack_trees.py 0.25.3 0.26.0`), build RELEASE (default 0.26.0) with
-#         cpu,rpc,cuda,vulkan; list devices; the event mutation check on CUDA0/CUDA1 and
-#         Vulkan0; the multi-device tests with GGML_CUDA_DEVICES=4; event RSS attribution
-#         (event_rss.c); the generator on CUDA and Vulkan
+#         BACKENDS (default cpu,rpc,cuda,vulkan); list devices
+# checks  the event mutation check on CUDA0/CUDA1 and Vulkan0; the multi-device tests with
+#         GGML_CUDA_DEVICES=4; event RSS attribution (event_rss.c); the generator on every
+#         device (GEN_SECONDS, default 120)
 # suite   suite1 (tests/test_[a-g]*.py) then suite2 (the other files), GGML_CUDA_DEVICES=2,
 #         slow tests included; each half's log and junit in $OUT
 set -u
 cd "$(dirname "$0")/../.."
-PHASE=${1:?build, suite1 or suite2}
+PHASE=${1:?build, checks, suite, suite1 or suite2}
 REL=${RELEASE:-0.26.0}
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -52,14 +54,17 @@ case $PHASE in
 build)
     build || exit $?
     echo "build phase: build done at ${SECONDS}s" | tee -a "$OUT/env.txt"
+    ;;
+checks)
     folder=$(ls -d ggml_py/lib/ggml-"$REL"-cpu-rpc-cuda90* | head -1)
+    [ -n "$folder" ] || { echo "no build: run the build phase first (warm machine)"; exit 1; }
     export GGML_PY_BUILD=$folder
     {
         for m in none record wait; do
             echo "== GGML_PY_MUTATE=$m"
             GGML_PY_MUTATE=$([ $m = none ] || echo $m) GGML_CUDA_DEVICES=2 timeout 100 \
                 python3 -m pytest -q -rA "${PLUGIN[@]}" -p tools.mutate_events \
-                -k "ordered or orders" tests/ 2>&1 | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed"
+                -k "ordered_by or events_order" tests/ 2>&1 | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed"
         done
     } > "$OUT/mutate.txt" 2>&1
     echo "mutation done at ${SECONDS}s" | tee -a "$OUT/env.txt"
