@@ -62,8 +62,12 @@ def test_two_backends_of_one_device_ordered_by_events(accel, rng):
         out = gg.relu(a)
         for _ in range(n):
             out = out + a
-        b0.compute_async(gg.Graph(gg.cpy(out, mid)))      # producer: b0's queue
+        producer = gg.Graph(gg.cpy(out, mid))
         consumer = gg.Graph(gg.cpy(mid + mid, res))         # reads only `mid` (a leaf)
+        b0.compute(producer)        # warm-up: the first run loads kernels or builds pipelines
+        b1.compute(consumer)        # on the host, long enough to hide a missing event
+        b0.set_async(mid, np.full(x.shape, np.nan, np.float32))
+        b0.compute_async(producer)                          # producer: b0's queue
         with accel.event() as ev:
             ev.record(b0)
             b1.wait(ev)

@@ -72,6 +72,47 @@ def test_matmul_like_numpy(be, sa, n, aligned):
         assert nmse(got, a @ b) < 5e-4
 
 
+def _blas_rows(t):
+    return t.type.block_size > 1 or t.nb[1] >= t.ne[0] * t.type.type_size
+
+
+@SETTINGS
+@given(st.lists(st.integers(1, 3), min_size=3, max_size=3).map(tuple), dims,
+       st.permutations([0, 1, 2]), st.booleans())
+def test_matmul_of_permuted_views_gives_blas_valid_operands(be, sa, n, perm, by_name):
+    """Any permuted view (axes of length 1 included, whose strides ggml leaves arbitrary) fed
+    to `@` computes numpy's answer, and every mul_mat/out_prod node of the graph has operands
+    whose row stride is at least a row: CUDA passes it to cuBLAS as the leading dimension,
+    which rejects a shorter one and ggml aborts (found on the H200). `gg.mul_mat` by name
+    refuses such an operand instead."""
+    a = _arr(sa, 5)
+    b = _arr(sa[:-2] + (sa[-1], n), 6)
+    stored = np.ascontiguousarray(np.transpose(a, np.argsort(perm)))
+    with gg.Context() as ctx:
+        raw = ctx.from_numpy(stored)
+        tb = ctx.from_numpy(b)
+        ctx.alloc(be)
+        view = raw.permute(tuple(int(p) for p in np.argsort(np.argsort(perm))))
+        assert view.shape == a.shape
+        if by_name:
+            other = ctx.from_numpy(np.ones((1, sa[-1]), np.float32))
+            ctx.alloc(be)
+            try:
+                gg.mul_mat(other, view)
+            except gg.InvalidArgument as e:
+                assert not _blas_rows(view) or not view.is_contiguous or "stride" in str(e)
+            else:
+                assert _blas_rows(view)
+            return
+        out = view @ tb
+        g = gg.Graph(out)
+        for node in g.nodes:
+            if node.op in ("MUL_MAT", "OUT_PROD"):
+                assert all(_blas_rows(s) for s in node.src), node.op
+        be.compute(g)
+        assert nmse(out.numpy(copy=True), a @ b) < 5e-4
+
+
 @SETTINGS
 @given(shapes, st.data())
 def test_permute_cont_and_reductions(be, shape, data):

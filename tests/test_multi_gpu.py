@@ -56,15 +56,19 @@ def test_events_order_a_copy_between_two_devices(pair, rng):
         dst = c1.from_numpy(old)
         res = c1.tensor(gg.f32, x.shape)
         c1.alloc(b1)
-        b0.set_async(out, np.full(x.shape, np.nan, np.float32))
         chain = a
         for _ in range(n):                         # device 0 writes `out` at the end
             chain = chain + a
-        b0.compute_async(gg.Graph(gg.cpy(chain, out)))
+        writer = gg.Graph(gg.cpy(chain, out))
         reader = dst
         for _ in range(n):                         # device 1 reads `dst` throughout
             reader = reader + dst
-        b1.compute_async(gg.Graph(gg.cpy(reader, res)))
+        reading = gg.Graph(gg.cpy(reader, res))
+        b0.compute(writer)                         # warm-up: kernels loaded on both devices
+        b1.compute(reading)
+        b0.set_async(out, np.full(x.shape, np.nan, np.float32))
+        b0.compute_async(writer)
+        b1.compute_async(reading)
         with d0.event() as e0, d1.event() as e1:
             e0.record(b0)
             e1.record(b1)

@@ -48,6 +48,12 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
     "mul_mat transposed rule": (
         "ggml_py/ops/linalg.py", "require(not a.is_transposed,", "require(True,",
         OPS("mul_mat transposed a")),
+    "mul_mat BLAS row-stride rule": (
+        "ggml_py/ops/linalg.py", 'blas_rows("mul_mat", ("a", a), ("b", b))', "None",
+        ["tests/test_fuzz.py", "-k", "blas_valid"]),
+    "matmul BLAS row-stride copy": (
+        "ggml_py/ops/linalg.py", "type_size and blas_rows_ok(t) else", "type_size else",
+        ["tests/test_fuzz.py", "-k", "blas_valid"]),
     "index range check off by one": (
         "ggml_py/_graph.py", "(lo < 0 or hi >= rows)", "(lo < 0 or hi > rows)",
         ["tests/test_ops.py", "-k", "range_checked"]),

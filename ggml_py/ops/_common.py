@@ -91,6 +91,24 @@ def rows(op: str, *named: tuple[str, TensorBase]) -> None:
                                   f"or permuted view); make them contiguous with gg.cont({what})")
 
 
+def blas_rows_ok(t: TensorBase) -> bool:
+    """What BLAS needs of a matrix operand: a row stride (``nb[1]``, the leading dimension) of
+    at least one row. ggml_is_contiguous ignores axes of length 1, so a permuted view with
+    one row may keep a shorter stride there; CPU kernels never read it, but CUDA hands it to
+    cuBLAS as lda/ldb, which rejects it and ggml aborts (0.26.0, ggml_cuda_mul_mat_cublas,
+    out_prod)."""
+    tt = t.type
+    return tt.block_size > 1 or t.nb[1] >= t.ne[0] * tt.type_size
+
+
+def blas_rows(op: str, *named: tuple[str, TensorBase]) -> None:
+    for what, t in named:
+        if not blas_rows_ok(t):
+            raise InvalidArgument(f"{op}: {what} {t.shape} has a row stride of {t.nb[1]} bytes, "
+                                  f"shorter than its rows (a view with a length-1 axis or "
+                                  f"overlapping rows); cuBLAS refuses it: use gg.cont({what})")
+
+
 def scalable(t: TensorBase) -> bool:
     """What ggml_scale needs: ggml.c asserts ggml_is_padded_1d (static there: packed rows, planes
     and batches one after another), the CPU kernel ggml_is_contiguous (which ignores axes of
@@ -139,6 +157,6 @@ def build(owner: TensorBase, fn: Callable[..., Any], *args: Any, ndim: int | Non
                      like=like)
 
 
-__all__ = ["FLOAT", "CPU_TYPES", "CPU_TYPES_SINCE", "RELEASE", "MAX_DIMS", "tensor", "floats", "cpu_type", "rows", "contiguous",
+__all__ = ["FLOAT", "CPU_TYPES", "CPU_TYPES_SINCE", "RELEASE", "MAX_DIMS", "tensor", "floats", "cpu_type", "rows", "blas_rows", "blas_rows_ok", "contiguous",
 
            "can_repeat", "prod", "need", "build", "float_of", "index_of"]

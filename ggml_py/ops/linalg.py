@@ -12,7 +12,7 @@ import numpy as np
 
 from .._loader import lib
 from ..errors import InvalidArgument, InvalidType, require
-from ._common import FLOAT, build, cpu_type, prod, rows, tensor
+from ._common import FLOAT, blas_rows, blas_rows_ok, build, cpu_type, prod, rows, tensor
 from .shape import cont, repeat, reshape, transpose
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     require(b.type.name in FLOAT, f"mul_mat: b must be a float tensor, got {b.type.name}",
             InvalidType)
     rows("mul_mat", ("a", a), ("b", b))
+    blas_rows("mul_mat", ("a", a), ("b", b))
     return build(a, lib.ggml_mul_mat, a.ptr, b.ptr, ndim=max(a.ndim, b.ndim, 2), uses=(b,))
 
 
@@ -46,6 +47,7 @@ def out_prod(a: Tensor, b: Tensor) -> Tensor:
     require(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0,
             "out_prod: b's batch dims must be multiples of a's")
     rows("out_prod", ("a", a))
+    blas_rows("out_prod", ("a", a))
     return build(a, lib.ggml_out_prod, a.ptr, b.ptr, ndim=max(a.ndim, b.ndim, 2), uses=(b,))
 
 
@@ -84,7 +86,8 @@ def _packed(t: Tensor) -> Tensor:
     """`t` itself when contiguous, else a contiguous copy (numpy semantics take any layout)."""
     # (ggml_is_contiguous ignores axes of length 1: a transposed (n, 1) view passes it with
     # strided rows, which mul_mat's kernel refuses)
-    return t if t.is_contiguous and t.nb[0] == t.type.type_size else cont(t)
+    # (and it lets such a view keep a row stride shorter than a row, which cuBLAS refuses)
+    return t if t.is_contiguous and t.nb[0] == t.type.type_size and blas_rows_ok(t) else cont(t)
 
 
 __all__ = ["mul_mat", "out_prod", "matmul"]
