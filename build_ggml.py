@@ -226,7 +226,7 @@ def _compile_and_bind(args, tools, tree, build, out, cfg, inputs, old, log_file,
         cmake.configure(tools, tree, build, out, cfg, log_file, progress=progress)
     targets = ("all", "test-backend-ops") if args.with_tests else ()
     progress.phase(f"compile (ninja -j{args.jobs})")
-    cmake.build(tools, build, args.jobs, log_file, targets=targets, progress=progress)
+    cmake.build(tools, tree, build, args.jobs, log_file, targets=targets, progress=progress)
 
     for stale in out.glob("lib*.so.*"):
         stale.unlink()      # versioned names of older builds of this folder (now unversioned)

@@ -106,11 +106,15 @@ def _git_env(tree: Path) -> dict[str, str]:
 _STEP = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
 
 
-def build(tools, build: Path, jobs: int, log_file, *, targets=(), progress=None) -> None:
+def build(tools, tree: Path, build: Path, jobs: int, log_file, *, targets=(),
+          progress=None) -> None:
     write_wrapper(build)
     # ninja directly (not `cmake --build`, which would use the ninja cached at configure time)
     cmd = [tools["ninja"], "-C", str(build / "cmake"), "-j", str(jobs), *targets]
-    _run(cmd, log_file, "compile", progress=progress)
+    # ninja re-runs CMake's configure itself when a CMakeLists.txt is newer than its build
+    # files (a tree copied again): that configure needs the same git environment, or ggml
+    # records this project's commit as its own (seen on the GPU machine)
+    _run(cmd, log_file, "compile", env=_git_env(tree), progress=progress)
 
 
 def _run(cmd, log_file: Path, what: str, *, env=None, progress=None) -> None:

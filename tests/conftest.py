@@ -19,6 +19,14 @@ _NO_INDEX = ("from the package index", "No matching distribution found",
              "Could not find a version that satisfies")
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child Python process: this checkout first on PYTHONPATH, the
+    parent's entries kept (on a machine whose packages come through PYTHONPATH, such as the
+    GPU machine's carried wheels, a child without them cannot import cffi), then `extra`."""
+    path = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **extra)
+
+
 def producer_rows(dev) -> int:
     """Rows of 1024 f32 for the event-ordering tests' producer chain: on a real GPU enough that
     the chain runs for milliseconds, far longer than Python takes to queue the consumer (an

@@ -4,7 +4,6 @@ import os
 import weakref
 
 import numpy as np
-import pytest
 
 import ggml_py as gg
 

@@ -3,7 +3,6 @@ alone and names it: cases go in batches to child processes; when a child dies, t
 was running is reported as the crash and the rest continue in a fresh child. After every
 refused case the child computes a small graph on the CPU and on RPC, so a refusal that left
 the process or a backend broken fails too."""
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import corpus
+from conftest import child_env
 
 HERE = Path(__file__).resolve().parent
 CASES = corpus.expanded()
@@ -24,8 +24,7 @@ def _run(names: list[str]) -> dict[str, str]:
     while todo:
         proc = subprocess.run([sys.executable, str(HERE / "corpus.py")], input="\n".join(todo) + "\n",
                               capture_output=True, text=True, timeout=600, cwd=HERE.parent,
-                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                                  [str(HERE.parent), *filter(None, [os.environ.get("PYTHONPATH")])])))
+                              env=child_env())
         lines = [ln for ln in proc.stdout.splitlines() if "\t" in ln]
         for ln in lines:
             status, name = ln.split("\t", 1)

@@ -1,7 +1,6 @@
 """Rich displays (ggml_py._display): what a Jupyter user sees for devices, buffers, tensors,
 graphs, schedulers and GGUF files. The graph pictures are checked geometrically: every edge
 ends in an arrowhead and no edge passes through a box."""
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import ggml_py as gg
 from ggml_py import _display as D
 from ggml_py import _display_graph as DG
 
-from conftest import ROOT, LayerStack, needs_release, vocab_archive
+from conftest import LayerStack, child_env, needs_release, vocab_archive
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -282,7 +281,7 @@ def test_displays_survive_a_dead_rpc_server(tmp_path):
         "             D.buffer_html(buf)):\n"
         "    print(len(html) > 0)\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env=child_env())
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert "not reachable" in lines[0] and lines[-4:] == ["True"] * 4

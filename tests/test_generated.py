@@ -2,12 +2,12 @@
 numpy or a clean refusal), run in a child process: a crash fails this test, and the last case
 the child printed names it. Longer runs: ``python tests/generated.py --examples 20000``."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
 HERE = Path(__file__).resolve().parent
 
@@ -15,8 +15,7 @@ HERE = Path(__file__).resolve().parent
 def _run(examples: int, seed: int) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(HERE / "generated.py"), "--examples", str(examples),
                            "--seed", str(seed)], capture_output=True, text=True, timeout=900,
-                          cwd=HERE.parent, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                              [str(HERE.parent), *filter(None, [os.environ.get("PYTHONPATH")])])))
+                          cwd=HERE.parent, env=child_env())
 
 
 def _verdict(r: subprocess.CompletedProcess) -> dict:

@@ -1,7 +1,6 @@
 """Graphs: computing synchronously and asynchronously, nodes and leafs, pictures, and what
 a graph does when one of its contexts closed."""
 import numpy as np
-import pytest
 
 import ggml_py as gg
 

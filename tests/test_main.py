@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from conftest import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,8 +120,7 @@ def test_a_relative_build_selection_holds_in_other_directories(tmp_path):
             "print(subprocess.run([sys.executable, '-c', 'import ggml_py as g; print(g.BUILD_DIR)'],"
             f" cwd={str(tmp_path)!r}, capture_output=True, text=True).stdout.strip())")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env=dict(os.environ, GGML_PY_BUILD=rel,
-                                             PYTHONPATH=str(ROOT)))
+                       timeout=120, env=child_env(GGML_PY_BUILD=rel))
     assert r.returncode == 0, r.stderr
     here, there = r.stdout.split()
     assert Path(here) == Path(there) == gg.BUILD_DIR and Path(here).is_absolute()
@@ -133,7 +133,7 @@ def test_optional_modules_load_on_first_use():
             "print([f'ggml_py.{n}' in sys.modules for n in names]);"
             "print([getattr(gg, n) is sys.modules[f'ggml_py.{n}'] for n in names])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       env=child_env())
     assert r.returncode == 0, r.stderr
     before, after = r.stdout.split("\n")[:2]
     assert before == str([False] * 5) and after == str([True] * 5)

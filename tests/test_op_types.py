@@ -6,7 +6,6 @@ ggml_py's per-op type rules are proven. Runs in a child process, which names the
 killed it, if one does."""
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent

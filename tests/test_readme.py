@@ -1,11 +1,11 @@
 """Docs that run: every ```python block of the README, in order, as one program in a fresh
 process (each block may use what an earlier one defined, as a reader would type them), and the
 quick start is exactly what CI runs."""
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from conftest import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -21,8 +21,7 @@ def test_every_python_block_runs_in_order(tmp_path):
     marks = [f"print('--- block {i} done')\n" for i in range(len(blocks))]
     program = "".join(b + m for b, m in zip(blocks, marks))
     (tmp_path / "readme.py").write_text(program)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))   # installed or not
+    env = child_env()   # installed or not
     r = subprocess.run([sys.executable, str(tmp_path / "readme.py")], capture_output=True,
                        text=True, timeout=600, cwd=tmp_path, env=env)
     done = re.findall(r"--- block (\d+) done", r.stdout)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import skip_without_index
+from conftest import skip_without_index, child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ("import ggml_py as gg, json; from ggml_py.__main__ import matmul_check;"
@@ -120,7 +120,7 @@ def test_pytest_plugin_runs_each_release_in_its_own_process_and_survives_an_abor
     import ggml_py as gg
     another_release(gg)
     (tmp_path / "test_x.py").write_text(PLUGIN_TESTS)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = child_env()
     env.pop("GGML_PY_BUILD", None)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         *_plugin_args(), "--ggml-releases", f"{OLD},{gg.BUILD_DIR}", "test_x.py"],

@@ -10,7 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import ggml_py as gg
@@ -257,12 +256,20 @@ def namespaced_servers():
     if os.geteuid() != 0 or not shutil.which("ip") or _sh("ip", "netns", "add", f"{tag}a").returncode != 0:
         pytest.skip("network namespaces need root and iproute2")
     spaces, procs, endpoints = [f"{tag}a"], [], []
+    # two 10.N.0.0/24 subnets no interface or route of this host uses (a host already on
+    # 10.248.0.1/24 would route 10.248.0.2 away from the namespace)
+    used = _sh("ip", "-4", "addr").stdout + _sh("ip", "-4", "route").stdout
+    start = os.getpid() % 50
+    free = [n for n in [200 + (start + k) % 55 for k in range(55)]
+            if f" 10.{n}." not in used and f"\n10.{n}." not in "\n" + used][:2]
     try:
+        if len(free) < 2:
+            pytest.skip("no free 10.N.0.0/24 subnet for the namespaces")
         _sh("ip", "netns", "add", f"{tag}b")
         spaces.append(f"{tag}b")
         for i, ns in enumerate(spaces):
             host_if, ns_if = f"{ns}h", f"{ns}n"
-            subnet = 200 + i + (os.getpid() % 50)
+            subnet = free[i]
             steps = [
                 ("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if),
                 ("ip", "link", "set", ns_if, "netns", ns),
