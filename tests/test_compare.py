@@ -1,4 +1,4 @@
-"""python -m ggml_py compare: two real releases side by side (0.20.2 vs 0.25.3 on CPU + RPC),
+"""python -m ggml_py compare: two real releases side by side (0.20.2 vs the default on CPU + RPC),
 each side in its own processes, the JSON checked against docs/compare-schema.json; the crash
 isolation of the op matrix; the renderings."""
 import json
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import skip_without_index
+from ggml_build import pins
 
 import ggml_py as gg
 from ggml_py.compare import _diff, _report, render
@@ -16,9 +17,11 @@ from ggml_py.compare import _diff, _report, render
 jsonschema = pytest.importorskip("jsonschema")
 
 ROOT = Path(__file__).resolve().parent.parent
+NEW = pins.load_manifest()[0]      # the default release (built by the quick start)
+NEW_RPC = {"0.25.3": 7, "0.26.0": 8}[NEW]   # its RPC protocol's major version
 SCHEMA = json.loads((ROOT / "docs" / "compare-schema.json").read_text())
 # a slice of the matrix that keeps the test short: ops whose support moved between 0.20.2 and
-# 0.25.3 and a few that did not
+# 0.25.3 (so also the default, 0.26.0) and a few that did not
 OPS = "add,scale,silu,gelu,mul_mat,get_rows,top_k,soft_max,rope_ext,flash_attn_ext,set_rows"
 TYPES = "f32,f16,bf16,q8_0"
 
@@ -39,10 +42,10 @@ def validate(report: dict) -> None:
 
 @pytest.fixture(scope="module")
 def old_new(tmp_path_factory):
-    """0.20.2 vs 0.25.3 on CPU + RPC (builds what is missing: the folders test_releases.py
+    """0.20.2 vs the default on CPU + RPC (builds what is missing: the folders test_releases.py
     builds and uses as well)."""
     out = tmp_path_factory.mktemp("compare") / "report.json"
-    r = compare("0.20.2", "0.25.3", "--backends", "cpu,rpc", "--ops", OPS, "--types", TYPES,
+    r = compare("0.20.2", NEW, "--backends", "cpu,rpc", "--ops", OPS, "--types", TYPES,
                 "--rounds", "2", "--format", "json", "-o", str(out))
     return json.loads(out.read_text()), r
 
@@ -51,7 +54,7 @@ def old_new(tmp_path_factory):
 def test_two_releases_json_matches_the_schema(old_new):
     rep, r = old_new
     validate(rep)
-    assert (rep["a"]["version"], rep["b"]["version"]) == ("0.20.2", "0.25.3")
+    assert (rep["a"]["version"], rep["b"]["version"]) == ("0.20.2", NEW)
     assert rep["a"]["folder"] != rep["b"]["folder"]
     # the exit status says whether something regressed, and the summary says what first
     assert r.returncode == (1 if rep["regressions"] else 0)
@@ -67,7 +70,7 @@ def test_two_releases_api(old_new):
     f = api["functions"]
     assert f["count"]["b"] > f["count"]["a"] > 500
     assert {"ggml_swiglu_clamp", "ggml_rope_set_offset"} <= set(f["added"]) and not f["removed"]
-    assert api["constants"]["changed"]["RPC_PROTO_MAJOR_VERSION"] == [5, 7]
+    assert api["constants"]["changed"]["RPC_PROTO_MAJOR_VERSION"] == [5, NEW_RPC]
     # enums: a value inserted before GGML_GLU_OP_COUNT moves it; new members of ggml_prec
     enums = {e["name"]: e for e in api["enums"]["changed"]}
     assert enums["enum ggml_glu_op"]["added"] == {"GGML_GLU_OP_SWIGLU_CLAMP": 6}
@@ -80,10 +83,10 @@ def test_two_releases_api(old_new):
 
 @pytest.mark.slow
 def test_a_struct_layout_and_op_numbers_that_moved(tmp_path):
-    """0.15.3 vs 0.25.3, API only: ggml_backend_dev_caps grew a field (its size, from the
+    """0.15.3 vs the default, API only: ggml_backend_dev_caps grew a field (its size, from the
     compiler, 4 -> 5) and GGML_OP_* values moved (serialized graphs do not carry over)."""
     out = tmp_path / "api.json"
-    compare("0.15.3", "0.25.3", "--backends", "cpu,rpc", "--api-only", "--format", "json",
+    compare("0.15.3", NEW, "--backends", "cpu,rpc", "--api-only", "--format", "json",
             "-o", str(out))
     rep = json.loads(out.read_text())
     validate(rep)
@@ -103,8 +106,8 @@ def test_a_struct_layout_and_op_numbers_that_moved(tmp_path):
 def test_two_releases_runtime(old_new):
     rep, _ = old_new
     rt = rep["runtime"]
-    assert rt["rpc_protocol"] == ["5.0.0", "7.0.0"]
-    # 0.20.2's RPC devices have no events and no async, 0.25.3's have
+    assert rt["rpc_protocol"] == ["5.0.0", f"{NEW_RPC}.0.0"]
+    # 0.20.2's RPC devices have no events and no async, the default's have
     changed = {d["name"]: d for d in rt["devices"]["changed"]}
     assert changed["RPC0"]["caps"] == {"async": [False, True], "events": [False, True]}
     assert [d["name"] for d in rt["b"]["devices"]] == ["CPU", "RPC0"]
@@ -120,7 +123,7 @@ def test_two_releases_op_matrix(old_new):
     assert same["nmse_ab"] is not None and same["nmse_ab"] < 1e-10
     # ops whose support differs: 0.20.2's CPU kernels abort on bf16 scale/silu/gelu, which
     # ggml_py's per-release type rules refuse there (on the CPU and on RPC, whose server would
-    # die); 0.25.3 computes them
+    # die); the default computes them
     improved = {(r["device"], r["op"], r["type"]) for r in rep["ops"] if r["verdict"] == "improved"}
     assert {("CPU", "scale", "bf16"), ("CPU", "silu", "bf16"), ("RPC0", "gelu", "bf16")} <= improved
     refused = rows[("CPU", "scale", "bf16")]
@@ -168,7 +171,7 @@ def test_a_cell_that_aborts_its_process_is_one_crashed_cell(tmp_path):
 
 
 def test_a_side_that_does_not_exist_is_an_error_not_a_traceback():
-    r = subprocess.run([sys.executable, "-m", "ggml_py.compare", "0.0.1", "0.25.3", "-q"],
+    r = subprocess.run([sys.executable, "-m", "ggml_py.compare", "0.0.1", NEW, "-q"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "neither a pinned release" in r.stderr and "Traceback" not in r.stderr
@@ -236,10 +239,10 @@ def test_struct_and_enum_diffs():
 
 @pytest.mark.slow
 def test_newer_to_older_is_a_regression_and_exits_1(old_new, tmp_path):
-    """The same pair the other way round: bf16 scale computed on 0.25.3 is refused on 0.20.2
+    """The same pair the other way round: bf16 scale computed on the default is refused on 0.20.2
     (its CPU kernel would abort), a regression, so the exit status is 1 (what CI gates on)."""
     out = tmp_path / "back.json"
-    r = compare("0.25.3", "0.20.2", "--backends", "cpu,rpc", "--ops", "scale", "--types", "bf16",
+    r = compare(NEW, "0.20.2", "--backends", "cpu,rpc", "--ops", "scale", "--types", "bf16",
                 "--devices", "CPU", "--rounds", "0", "--format", "json",
                 "-o", str(out))
     rep = json.loads(out.read_text())
