@@ -81,9 +81,14 @@ def configure(tools, tree: Path, build: Path, out: Path, flags: dict[str, str], 
     runtime = out if flags.get("GGML_BACKEND_DL") == "ON" else out / "bin"
     defs = dict(flags, GGML_PY_TREE=str(tree), CMAKE_LIBRARY_OUTPUT_DIRECTORY=str(out),
                 CMAKE_RUNTIME_OUTPUT_DIRECTORY=str(runtime))
+    env = _git_env(tree)
+    if "GIT_DIR" in env:
+        # a vendor tree has no history: ggml must not ask git at all (0.9.4's CMake labels
+        # the version "-dirty" whenever `git diff-index` fails, as it does outside a repository)
+        defs["GIT_EXE"] = "OFF"
     cmd = [tools["cmake"], "-G", "Ninja", "-S", str(wrapper), "-B", str(build / "cmake"),
            f"-DCMAKE_MAKE_PROGRAM={tools['ninja']}"] + [f"-D{k}={v}" for k, v in defs.items()]
-    _run(cmd, log_file, "configure", env=_git_env(tree), progress=progress)
+    _run(cmd, log_file, "configure", env=env, progress=progress)
 
 
 def _git_env(tree: Path) -> dict[str, str]:

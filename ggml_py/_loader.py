@@ -141,9 +141,23 @@ def backend_fn(name: str, ctype: str) -> Any:
     return None
 
 
+def old_rpc_api() -> bool:
+    """Whether this build's RPC backend is 0.9.x's: one device per endpoint
+    (``ggml_backend_rpc_add_device``) and a one-backend ``ggml_backend_rpc_start_server``,
+    before the server registries (``ggml_backend_rpc_add_server``) ggml_py drives."""
+    return (backend_fn("ggml_backend_rpc_add_server", "void *") is None
+            and backend_fn("ggml_backend_rpc_add_device", "void *") is not None)
+
+
+OLD_RPC = ("this build's RPC backend (ggml 0.9.x, protocol 2.0.0) registers one device per "
+           "endpoint with ggml_backend_rpc_add_device; ggml_py drives RPC servers through "
+           "ggml_backend_rpc_add_server, which ggml 0.10 added")
+
+
 def cstr(p: Any) -> str | None:
     """A C string from ggml as a Python str (None for NULL)."""
     return None if p == ffi.NULL else ffi.string(p).decode("utf-8", "replace")
 
 
-__all__ = ["ffi", "lib", "BUILD", "BUILD_DIR", "backend_fn", "cstr", "GGMLError"]
+__all__ = ["ffi", "lib", "BUILD", "BUILD_DIR", "backend_fn", "old_rpc_api", "OLD_RPC", "cstr",
+           "GGMLError"]

@@ -77,7 +77,7 @@ def _can_listen(host: str, port: int) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    from ._loader import backend_fn, ffi, lib
+    from ._loader import OLD_RPC, backend_fn, ffi, lib, old_rpc_api
     from . import device
     from .rpc import WARNING, _is_loopback
 
@@ -102,6 +102,9 @@ def main(argv: list[str]) -> int:
     busy = _can_listen(args.host, args.port)
     if busy:
         print(f"rpc-server: {busy}; choose another --port", file=sys.stderr)
+        return 1
+    if old_rpc_api():
+        print(f"rpc-server: {OLD_RPC}", file=sys.stderr)
         return 1
     start = backend_fn("ggml_backend_rpc_start_server",
                        "void (*)(const char *, const char *, size_t, size_t, ggml_backend_dev_t *)")

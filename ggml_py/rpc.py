@@ -22,8 +22,8 @@ import weakref
 from typing import Any
 from pathlib import Path
 
-from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib
-from .errors import GGMLError, InvalidType, RPCError, RPCVersionError, require
+from ._loader import BUILD, BUILD_DIR, LIB_ROOT, OLD_RPC, backend_fn, ffi, lib, old_rpc_api
+from .errors import GGMLError, InvalidType, RPCError, RPCVersionError, UnsupportedError, require
 from . import _liveness
 from ._context import Context
 from ._device import Device, Registry, device as _lookup
@@ -196,6 +196,8 @@ def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir
     if build is not None:
         folder = Path(build) if os.sep in str(build) else LIB_ROOT / str(build)
         require((folder / "build.json").exists(), f"no finished build in {folder}")
+    else:                         # (another build's server says so itself, from its process)
+        require(not old_rpc_api(), OLD_RPC, UnsupportedError)
     if devices is None:
         devices = ["CPU"]
     elif isinstance(devices, (Device, str)):
@@ -266,6 +268,7 @@ def connect(endpoint: str, timeout: float = 5.0) -> Registry:
     parse_endpoint(endpoint)
     if endpoint in _connected:
         return _connected[endpoint]
+    require(not old_rpc_api(), OLD_RPC, UnsupportedError)
     hello(endpoint, timeout)
     add_server = backend_fn("ggml_backend_rpc_add_server", "ggml_backend_reg_t (*)(const char *)")
     if add_server is None:

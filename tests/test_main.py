@@ -106,6 +106,10 @@ def test_ggml_commit_is_the_trees_own():
                           capture_output=True, text=True).stdout.strip()
     commit = gg.ggml_commit()
     assert commit and (not ours or not commit.startswith(ours[:7]))
+    # nor "-dirty": outside a repository `git diff-index` fails, which 0.9.4's CMake took
+    # for a dirty tree
+    if gg.BUILD["inputs"].get("source") is None:
+        assert "dirty" not in gg.ggml_version() and "dirty" not in commit
     if gg.BUILD["inputs"].get("source") is None:
         assert commit == "unknown"
         assert gg.BUILD.get("ggml_commit", "unknown") == "unknown"
