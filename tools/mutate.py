@@ -118,8 +118,8 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "ggml_py/_graph.py", "            require(capacity >= count,", "            require(True,",
         OPS("graph capacity too small")),
     "graph input memory rule": (
-        "ggml_py/_graph.py", "            if not is_node and t.data == ffi.NULL:\n                name",
-        "            if False:\n                name", OPS("compute unallocated")),
+        "ggml_py/_graph.py", "        for t in self._leafs:\n            if not t.data:",
+        "        for t in self._leafs:\n            if False:", OPS("compute unallocated")),
     "scheduler CPU-last rule": (
         "ggml_py/_scheduler.py", 'require(backends[-1].device.type == "cpu",', "require(True,",
         OPS("scheduler without cpu last")),
