@@ -30,7 +30,7 @@ from ._handle import Owned
 from ._liveness import buffer_device, ensure_alive
 from ._loader import ffi, lib
 from ._tensor import Tensor
-from ._tensor_base import MAX_NAME, TensorBase, index_of, shape_of
+from ._tensor_base import MAX_DIMS, MAX_NAME, TensorBase, index_of, shape_of
 from .errors import ClosedError, GGMLError, InvalidArgument, InvalidType, OutOfMemory, require
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 _OVERHEAD = int(lib.ggml_tensor_overhead())
 _OBJ = _OVERHEAD - 16       # each tensor takes ggml_tensor_overhead() minus alignment slack
 _MAX_CAPACITY = 1 << 26
+_new = object.__new__
 
 
 class _Export:
@@ -72,6 +73,7 @@ class Context(Owned):
         super().__init__(first, lib.ggml_free)
         self._chunks: list[_Chunk] = []
         self._spans = [self._span(first)]
+        self._head = first                 # the newest chunk, where tensors are made
         self._free = capacity              # tensors the newest chunk still has room for (+64)
         self._keep: list[Any] = []         # graphs/allocators/schedulers that placed memory here
         self._buffers: list[Buffer] = []   # buffers made for its tensors
@@ -102,15 +104,16 @@ class Context(Owned):
     def _room(self, n: int = 8) -> Any:
         """The raw chunk with room for `n` more tensors (opening a new chunk when needed).
         Callers hold the lock."""
-        raw = self._chunks[-1].ptr if self._chunks else self.ptr
+        self.ptr
         if self._free < n:
             raw = self._new_chunk()
             chunk = _Chunk(raw, lib.ggml_free, parents=(self,))
             self._chunks.append(chunk)
             self._spans.append(self._span(raw))
             self._free = self._capacity
+            self._head = raw
         self._free -= n
-        return raw
+        return self._head
 
     def _raws(self) -> list[Any]:
         return [self.ptr] + [c.ptr for c in self._chunks]
@@ -132,41 +135,61 @@ class Context(Owned):
         The contexts of `uses` (operands) are recorded as this context's dependencies.
         `view`: the result may be a view of allocated memory (made usable at once); `like`:
         an operand whose shape and type the (new, contiguous) result has."""
-        others = [u.ctx for u in uses if u.ctx is not self]
-        if not others:
-            with self._lock:
+        for u in uses:
+            if u.ctx is not self:
+                p = self._build_shared(fn, args, uses, room)
+                break
+        else:                                   # (the common case: operands of this context)
+            lock = self._lock
+            lock.acquire()                      # (cheaper than `with` on this hot path)
+            try:
                 if self._raw is None:
                     raise ClosedError("this tensor's context is closed")
-                p = fn(self._room(room), *args)
-        else:
-            for c in others:
-                self.uses(c)
-            # the operands' contexts are locked too: another thread closing one of them waits
-            # until ggml has read the operand, and a context closed meanwhile raises here
-            locks = sorted({id(c): c for c in [self, *others]}.values(), key=id)
-            with contextlib.ExitStack() as stack:
-                for c in locks:
-                    stack.enter_context(c._lock)
-                    if c._raw is None:
-                        raise ClosedError("an operand's context is closed")
-                p = fn(self._room(room), *args)
-        if p == ffi.NULL:
+                free = self._free - room
+                if free >= 0:                   # (the common case of _room)
+                    self._free = free
+                    p = fn(self._head, *args)
+                else:
+                    p = fn(self._room(room), *args)
+            finally:
+                lock.release()
+        if not p:                               # (NULL; cheaper than == ffi.NULL)
             raise GGMLError("ggml returned no tensor")
         if view:
             src = p.view_src
             if src != ffi.NULL and src.buffer != ffi.NULL and p.buffer == ffi.NULL:
                 ensure_alive(buffer_device(src.buffer))   # (init_tensor may be remote)
                 lib.ggml_backend_view_init(p)   # a view of allocated memory is usable at once
-        t = Tensor(p, self, ndim)
         if like is not None:
             tt, ne = like._type, like._ne
             if tt is not None and ne is not None and tt._block == 1:
-                t._type, t._ne = tt, ne
-                if ndim is not None and like._shape is not None and len(like._shape) == ndim:
-                    t._shape = like._shape          # (a binary op may add leading axes)
+                # a new tensor of like's type and shape: packed strides, contiguous
+                shape = like._shape
                 s = tt._size
-                t._nb = (s, s * ne[0], s * ne[0] * ne[1], s * ne[0] * ne[1] * ne[2])
-        return t
+                s1 = s * ne[0]
+                s2 = s1 * ne[1]
+                t = _new(Tensor)                # (TensorBase.__init__ with every fact given,
+                t._p, t.ctx, t._ndim = p, self, ndim             # inlined on this hot path)
+                t._type, t._ne, t._nb, t._contig = tt, ne, (s, s1, s2, s2 * ne[2]), True
+                t._shape = shape if shape is not None and len(shape) == ndim else None
+                return t
+        return Tensor(p, self, ndim)
+
+    def _build_shared(self, fn: Callable[..., Any], args: Iterable[Any],
+                      uses: Iterable[TensorBase], room: int) -> Any:
+        """build() with operands of other contexts: they are recorded as this context's
+        dependencies, and locked too, so another thread closing one of them waits until
+        ggml has read the operand, and a context closed meanwhile raises here."""
+        others = [u.ctx for u in uses if u.ctx is not self]
+        for c in others:
+            self.uses(c)
+        locks = sorted({id(c): c for c in [self, *others]}.values(), key=id)
+        with contextlib.ExitStack() as stack:
+            for c in locks:
+                stack.enter_context(c._lock)
+                if c._raw is None:
+                    raise ClosedError("an operand's context is closed")
+            return fn(self._room(room), *args)
 
     def wrap(self, p: Any, ndim: int | None = None) -> Tensor:
         """A raw tensor of this context as a Tensor."""
@@ -245,7 +268,12 @@ class Context(Owned):
         nes = ffi.new("int64_t[]", ne)
         with self._lock:
             p = lib.ggml_new_tensor(self._room(1), t, len(ne), nes)
-        tensor = Tensor(p, self, len(dims))
+        # its facts, as ggml_new_tensor sets them: packed strides, contiguous
+        ne4 = (*ne, 1, 1, 1)[:MAX_DIMS]
+        s0 = t.type_size
+        s1 = s0 * (ne4[0] // t.block_size)
+        s2 = s1 * ne4[1]
+        tensor = Tensor(p, self, len(dims), t, ne4, (s0, s1, s2, s2 * ne4[2]), dims, True)
         if name:
             tensor.name = name
         return tensor

@@ -13,6 +13,7 @@ lives.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import tempfile
 import weakref
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from ._handle import Owned
-from ._liveness import free_guard, supports_op
+from ._liveness import free_guard, second_opinion
 from ._loader import cstr, ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import give_back_rewired, own_sources
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
 _GET_ROWS, _SET_ROWS = int(lib.GGML_OP_GET_ROWS), int(lib.GGML_OP_SET_ROWS)
 _OP_NONE = int(lib.GGML_OP_NONE)
 _MAX_NODES = 1 << 24
+_MAX_SRC = int(lib.GGML_MAX_SRC)
+_WORDS = ffi.typeof("uintptr_t *")
+_TENSOR = ffi.typeof("struct ggml_tensor *")
 
 
 class _GraphMemory(Owned):
@@ -42,6 +46,10 @@ class _GraphMemory(Owned):
 
 def _addr(p: Any) -> int:
     return int(ffi.cast("uintptr_t", p))
+
+
+def _entries(nodes: list[Any], leafs: list[Any]) -> Iterator[tuple[Any, bool]]:
+    return itertools.chain(zip(nodes, itertools.repeat(True)), zip(leafs, itertools.repeat(False)))
 
 
 def _count_nodes(outs: list[Tensor]) -> int:
@@ -111,7 +119,8 @@ class Graph:
         self._allocs: dict[int, Owned] = {}
         self._checked: weakref.WeakSet[Backend] = weakref.WeakSet()  # validated and allocated
         self._index_inputs: list[tuple[Any, int, str]] | None = None
-        self._entries: list[tuple[Any, bool]] | None = None
+        self._nodes: list[Any] | None = None    # the walk (see walk())
+        self._leafs: list[Any] = []
         self._node_set: set[Any] = set()
         self.scheduler: Any = None          # the scheduler that placed it last, if any
         self.ctx.keep(self)  # node memory placed by the allocator lives with the context
@@ -150,22 +159,25 @@ class Graph:
         nodes' sources. A graph cannot change once built: the walk is made once and kept
         (cffi pointers hash and compare by address). `fresh` walks again: a scheduler points
         split nodes at copies of its own until its next split, and pictures show them."""
-        if self._entries is None or fresh:
-            nodes = [lib.ggml_graph_node(self.ptr, i) for i in range(self.n_nodes)]
-            keys = set(nodes)
-            entries = [(n, True) for n in nodes]
-            seen: set[Any] = set()
-            null = ffi.NULL
-            for n in nodes:
-                for s in (n.src if fresh else own_sources(n, self._contexts)):
-                    if s != null and s not in keys and s not in seen:
-                        seen.add(s)
-                        entries.append((s, False))
+        if self._nodes is None or fresh:
+            n = self.n_nodes
+            nodes: list[Any] = ffi.unpack(lib.ggml_graph_nodes(self.ptr), n) if n else []
+            keys = set(ffi.unpack(ffi.cast(_WORDS, lib.ggml_graph_nodes(self.ptr)), n)) \
+                if n else set()                   # the nodes' addresses
+            if fresh or any(c.rewired for c in self._contexts):
+                srcs = [_addr(s) for t in nodes
+                        for s in (t.src if fresh else own_sources(t, self._contexts)) if s]
+            else:           # every node's sources as addresses: no cffi object per source
+                srcs = []
+                for t in nodes:
+                    srcs += ffi.unpack(ffi.cast(_WORDS, t.src), _MAX_SRC)
+            # sources that are no node, in the order they are first met
+            leafs = [ffi.cast(_TENSOR, s) for s in dict.fromkeys(srcs) if s and s not in keys]
             if fresh:
-                return iter(entries)
-            self._entries = entries
+                return _entries(nodes, leafs)
+            self._nodes, self._leafs = nodes, leafs
             self._node_set = keys
-        return iter(self._entries)
+        return _entries(self._nodes, self._leafs)
 
     def require_open(self) -> None:
         """ClosedError when a context holding tensors of this graph was closed."""
@@ -180,45 +192,55 @@ class Graph:
         self._checked = weakref.WeakSet()
 
     # -- checks ------------------------------------------------------------------------------
-    def _init_views(self) -> None:
-        """Give views made after their source was allocated the source's buffer (ggml sets
-        their address but not their buffer; the allocator skips tensors with an address)."""
-        for t, is_node in self.walk():
-            src = t.view_src
-            if is_node and t.buffer == ffi.NULL and src != ffi.NULL and src.buffer != ffi.NULL \
-                    and src.data != ffi.NULL:
-                check(lib.ggml_backend_view_init(t), "view init")
-
     def prepare(self, backend: "Backend") -> None:
         """Validate for `backend` and allocate nodes that have no memory yet (once per
-        backend: later computes of the same graph cost no Python work per node)."""
+        backend: later computes of the same graph cost no Python work per node).
+
+        One pass over the nodes, then one over the leafs: views made after their source was
+        allocated get the source's buffer (ggml sets their address but not their buffer; the
+        allocator skips tensors with an address), every tensor that holds memory must sit in
+        a buffer the backend can use, the backend must support every node's op, and every
+        leaf must hold memory."""
         self.require_open()
         be = backend.ptr
         if backend in self._checked:
             return
         dev = lib.ggml_backend_get_device(be)
-        self._init_views()
+        cpu = second_opinion(dev)             # (RPC devices: the CPU must support it too)
+        supports = lib.ggml_backend_dev_supports_op
+        usable: set[Any] = set()              # buffers the backend can use
         need_alloc = False
-        for t, is_node in self.walk():
-            if not is_node and t.data == ffi.NULL:
+        index_nodes = []
+        self.walk()
+        assert self._nodes is not None
+        for t in self._nodes:
+            buf = t.buffer
+            if not buf:
+                src = t.view_src
+                if src and src.buffer and src.data:
+                    check(lib.ggml_backend_view_init(t), "view init")
+                    buf = t.buffer
+            if buf and buf not in usable:
+                self._usable(backend, t, buf, usable)
+            if not t.data:                    # views get their address from the allocator too
+                need_alloc = True
+            op = t.op
+            if op != _OP_NONE and (not supports(dev, t) or cpu is not None and not supports(cpu, t)):
+                name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
+                raise UnsupportedError(f"compute: backend {backend.name} does not support "
+                                       f"op {cstr(lib.ggml_op_desc(t))} of node {name!r}")
+            if op == _GET_ROWS or op == _SET_ROWS:
+                index_nodes.append(t)
+        for t in self._leafs:
+            if not t.data:
                 name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
                 raise InvalidArgument(f"compute: input tensor {name!r} has no memory: allocate "
                                       "its context (ctx.alloc(backend)) and set its values first")
-            if t.buffer != ffi.NULL:
-                buft = lib.ggml_backend_buffer_get_type(t.buffer)
-                if not lib.ggml_backend_supports_buft(be, buft):
-                    name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
-                    raise InvalidArgument(
-                        f"compute: tensor {name!r} lives in a "
-                        f"{cstr(lib.ggml_backend_buft_name(buft))} buffer, which backend "
-                        f"{backend.name} cannot use; copy it to that device or use a Scheduler")
-            if is_node:
-                if t.data == ffi.NULL:        # views get their address from the allocator too
-                    need_alloc = True
-                if int(t.op) != _OP_NONE and not supports_op(dev, t):
-                    name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
-                    raise UnsupportedError(f"compute: backend {backend.name} does not support "
-                                           f"op {cstr(lib.ggml_op_desc(t))} of node {name!r}")
+            buf = t.buffer
+            if buf and buf not in usable:
+                self._usable(backend, t, buf, usable)
+        if self._index_inputs is None:
+            self._index_inputs = self._index_inputs_of(index_nodes)
         if need_alloc:
             buft = lib.ggml_backend_get_default_buffer_type(be)
             key = _addr(buft)
@@ -235,24 +257,38 @@ class Graph:
                                 "failed (out of memory?)")
         self._checked.add(backend)
 
+    @staticmethod
+    def _usable(backend: "Backend", t: Any, buf: Any, usable: set[Any]) -> None:
+        """InvalidArgument unless `backend` can use the buffer `buf` holding `t`."""
+        buft = lib.ggml_backend_buffer_get_type(buf)
+        if not lib.ggml_backend_supports_buft(backend.ptr, buft):
+            name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
+            raise InvalidArgument(
+                f"compute: tensor {name!r} lives in a "
+                f"{cstr(lib.ggml_backend_buft_name(buft))} buffer, which backend "
+                f"{backend.name} cannot use; copy it to that device or use a Scheduler")
+        usable.add(buf)
+
     def _indices(self) -> list[tuple[Any, int, str]]:
         """(index tensor, rows it may address, op) for every get_rows/set_rows whose indices
         are a graph input: their values are checked at each compute (ggml asserts on a bad
         index, and an RPC server dies of it)."""
         if self._index_inputs is None:
-            found = []
             ops = (_GET_ROWS, _SET_ROWS)
-            for t, is_node in self.walk():
-                if not is_node or t.op not in ops:
-                    continue
-                # get_rows: src = (table, indices); set_rows: src = (rows, indices, destination)
-                idx = t.src[1]
-                table = t.src[0] if int(t.op) == _GET_ROWS else t.src[2]
-                if idx not in self._node_set:
-                    found.append((idx, int(table.ne[1]),
-                                  "get_rows" if int(t.op) == _GET_ROWS else "set_rows"))
-            self._index_inputs = found
+            self._index_inputs = self._index_inputs_of(
+                [t for t, is_node in self.walk() if is_node and t.op in ops])
         return self._index_inputs
+
+    def _index_inputs_of(self, nodes: list[Any]) -> list[tuple[Any, int, str]]:
+        found = []
+        for t in nodes:
+            # get_rows: src = (table, indices); set_rows: src = (rows, indices, destination)
+            idx = t.src[1]
+            table = t.src[0] if int(t.op) == _GET_ROWS else t.src[2]
+            if _addr(idx) not in self._node_set:
+                found.append((idx, int(table.ne[1]),
+                              "get_rows" if int(t.op) == _GET_ROWS else "set_rows"))
+        return found
 
     def check_indices(self) -> None:
         """InvalidArgument when an index input holds a row number out of range."""

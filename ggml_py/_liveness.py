@@ -189,7 +189,14 @@ def supports_op(dev_ptr: Any, t: Any) -> bool:
     refuse an op the GPU could run (the CPU is every scheduler's fallback anyway)."""
     if not lib.ggml_backend_dev_supports_op(dev_ptr, t):
         return False
+    cpu = second_opinion(dev_ptr)
+    return cpu is None or bool(lib.ggml_backend_dev_supports_op(cpu, t))
+
+
+def second_opinion(dev_ptr: Any) -> Any:
+    """The device that must support an op as well for `dev_ptr` to run it (see
+    :func:`supports_op`): the local CPU for an RPC device, else None."""
     if endpoint_of(dev_ptr) is None:
-        return True
+        return None
     cpu = lib.ggml_backend_dev_by_type(lib.GGML_BACKEND_DEVICE_TYPE_CPU)
-    return cpu == ffi.NULL or bool(lib.ggml_backend_dev_supports_op(cpu, t))
+    return None if cpu == ffi.NULL else cpu

@@ -12,16 +12,17 @@ semantics, are the functions of :mod:`ggml_py.ops` (``gg.add``, ``gg.mul_mat``..
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from . import _transfer
 from . import ops
 from ._loader import ffi, lib
-from ._tensor_base import MAX_DIMS, TensorBase, own_sources
-from .ops._common import can_repeat, scalable
-from .errors import ClosedError, InvalidArgument, InvalidType, require
+from ._tensor_base import TensorBase, own_sources
+from .ops._common import scalable
+from .ops.elementwise import binary
+from .errors import ClosedError, InvalidType, require
 
 Scalar = int | float | np.integer | np.floating
 
@@ -30,32 +31,9 @@ def _is_scalar(x: object) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
-def _packed(t: "Tensor") -> "Tensor":
-    """`t`, or a contiguous copy when its rows are strided (numpy semantics take any layout)."""
-    tt = t.type
-    return t if tt.block_size > 1 or t.nb[0] == tt.type_size else ops.cont(t)
-
-
 def _padded(t: "Tensor") -> "Tensor":
     """`t`, or a contiguous copy (ggml's CPU scale kernel needs contiguous input)."""
     return t if scalable(t) else ops.cont(t)
-
-
-def _broadcast(a: "Tensor", b: "Tensor", name: str) -> tuple["Tensor", "Tensor"]:
-    """(a', b') with numpy broadcasting made explicit where ggml's repeat rule needs it."""
-    a = _packed(a)
-    if a.ne == b.ne and a.ndim == b.ndim:
-        return a, b
-    try:
-        shape = tuple(np.broadcast_shapes(a.shape, b.shape))
-    except ValueError:
-        raise InvalidArgument(f"{name}: shapes {a.shape} and {b.shape} do not broadcast") from None
-    require(len(shape) <= MAX_DIMS, f"{name}: the result would have {len(shape)} axes")
-    if a.shape != shape:
-        a = ops.repeat(a, shape)
-    if b.shape != shape and not can_repeat(b, a):
-        b = ops.repeat(_packed(b), shape)
-    return a, b
 
 
 class Tensor(TensorBase):
@@ -140,18 +118,12 @@ class Tensor(TensorBase):
         return ops.view(self, shape, offset, strides)
 
     # -- numpy-semantics operators -------------------------------------------------------------
-    def _binary(self, other: Any, name: str, fn: Callable[["Tensor", "Tensor"], "Tensor"],
-                swap: bool = False) -> "Tensor":
-        a, b = (other, self) if swap else (self, other)
-        a, b = _broadcast(a, b, name)
-        return fn(a, b)
-
     def __add__(self, other: "Tensor | Scalar") -> "Tensor":
+        if isinstance(other, Tensor):
+            return binary(lib.ggml_add, self, other, "add", True)
         if _is_scalar(other):
-            return ops.scale_bias(_padded(self), 1.0, float(other))  # type: ignore[arg-type]
-        if not isinstance(other, Tensor):
-            return NotImplemented
-        return self._binary(other, "add", ops.add)
+            return ops.scale_bias(_padded(self), 1.0, float(other))
+        return NotImplemented
 
     def __radd__(self, other: "Scalar") -> "Tensor":
         if _is_scalar(other):
@@ -159,11 +131,11 @@ class Tensor(TensorBase):
         return NotImplemented
 
     def __sub__(self, other: "Tensor | Scalar") -> "Tensor":
+        if isinstance(other, Tensor):
+            return binary(lib.ggml_sub, self, other, "sub", True)
         if _is_scalar(other):
-            return ops.scale_bias(_padded(self), 1.0, -float(other))  # type: ignore[arg-type]
-        if not isinstance(other, Tensor):
-            return NotImplemented
-        return self._binary(other, "sub", ops.sub)
+            return ops.scale_bias(_padded(self), 1.0, -float(other))
+        return NotImplemented
 
     def __rsub__(self, other: "Scalar") -> "Tensor":
         if _is_scalar(other):
@@ -171,11 +143,11 @@ class Tensor(TensorBase):
         return NotImplemented
 
     def __mul__(self, other: "Tensor | Scalar") -> "Tensor":
+        if isinstance(other, Tensor):
+            return binary(lib.ggml_mul, self, other, "mul", True)
         if _is_scalar(other):
-            return ops.scale(_padded(self), float(other))  # type: ignore[arg-type]
-        if not isinstance(other, Tensor):
-            return NotImplemented
-        return self._binary(other, "mul", ops.mul)
+            return ops.scale(_padded(self), float(other))
+        return NotImplemented
 
     def __rmul__(self, other: "Scalar") -> "Tensor":
         if _is_scalar(other):
@@ -183,12 +155,12 @@ class Tensor(TensorBase):
         return NotImplemented
 
     def __truediv__(self, other: "Tensor | Scalar") -> "Tensor":
+        if isinstance(other, Tensor):
+            return binary(lib.ggml_div, self, other, "div", True)
         if _is_scalar(other):
-            c = float(other)  # type: ignore[arg-type]
+            c = float(other)
             return ops.scale(_padded(self), 1.0 / c if c else math.copysign(math.inf, c))
-        if not isinstance(other, Tensor):
-            return NotImplemented
-        return self._binary(other, "div", ops.div)
+        return NotImplemented
 
     def __rtruediv__(self, other: "Scalar") -> "Tensor":
         if _is_scalar(other):

@@ -98,15 +98,20 @@ class TensorBase:
 
     __slots__ = ("_p", "ctx", "_ndim", "_ne", "_nb", "_type", "_contig", "_shape", "__weakref__")
 
-    def __init__(self, p: Any, ctx: "Context", ndim: int | None = None) -> None:
+    def __init__(self, p: Any, ctx: "Context", ndim: int | None = None,
+                 type: T.GGMLType | None = None, ne: tuple[int, ...] | None = None,
+                 nb: tuple[int, ...] | None = None, shape: tuple[int, ...] | None = None,
+                 contig: bool | None = None) -> None:
+        # facts a builder already knows are given (they equal what ggml holds); the others
+        # are read from ggml on first use
         self._p = p
         self.ctx = ctx
         self._ndim = ndim
-        self._ne: tuple[int, ...] | None = None
-        self._nb: tuple[int, ...] | None = None
-        self._type: T.GGMLType | None = None
-        self._contig: bool | None = None
-        self._shape: tuple[int, ...] | None = None
+        self._type = type
+        self._ne = ne
+        self._nb = nb
+        self._shape = shape
+        self._contig = contig
 
     @property
     def ptr(self) -> Any:

@@ -34,11 +34,17 @@ def BAD(*cases: str) -> list[str]:
 # name: (file, text of the rule, what replaces it, pytest arguments that must then fail)
 MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
     "binary op repeat rule": (
-        "ggml_py/ops/elementwise.py", "    if not can_repeat(b, a):", "    if False:",
+        "ggml_py/ops/elementwise.py", "    if not same and (ne_a[0] % ne_b[0]", "    if False and (ne_a[0] % ne_b[0]",
         OPS("gg.add shapes")),
     "binary op layout rule": (
-        "ggml_py/ops/elementwise.py", '    rows(name, ("a", a))\n    return build(a, fn, a.ptr, b.ptr',
-        "    return build(a, fn, a.ptr, b.ptr", OPS("gg.add strided a")),
+        "ggml_py/ops/elementwise.py", "    if nb_a[0] != ta._size and ta._block == 1:          # a's rows",
+        "    if False:          # a's rows", OPS("gg.add strided a")),
+    "binary op float rule": (
+        "ggml_py/ops/elementwise.py", "    if ta not in FLOAT_TYPES or tb not in FLOAT_TYPES:\n",
+        "    if False:\n", OPS("gg.add ints")),
+    "binary op mixed type rule": (
+        "ggml_py/ops/elementwise.py", '    if ta is not tb and ta != tb and tb._name != "f32":',
+        "    if False:", OPS("gg.add mixed types")),
     "mul_mat batch rule": (
         "ggml_py/ops/linalg.py", "    require(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0,\n            f\"mul_mat: b's",
         "    require(True,\n            f\"mul_mat: b's", OPS("mul_mat batch")),
@@ -118,8 +124,8 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "ggml_py/_graph.py", "            require(capacity >= count,", "            require(True,",
         OPS("graph capacity too small")),
     "graph input memory rule": (
-        "ggml_py/_graph.py", "            if not is_node and t.data == ffi.NULL:\n                name",
-        "            if False:\n                name", OPS("compute unallocated")),
+        "ggml_py/_graph.py", "        for t in self._leafs:\n            if not t.data:",
+        "        for t in self._leafs:\n            if False:", OPS("compute unallocated")),
     "scheduler CPU-last rule": (
         "ggml_py/_scheduler.py", 'require(backends[-1].device.type == "cpu",', "require(True,",
         OPS("scheduler without cpu last")),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from .._types import TYPES
 from .._tensor_base import MAX_DIMS, TensorBase, float_of, index_of
 from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from .._tensor import Tensor
 
 FLOAT = ("f32", "f16", "bf16")
+FLOAT_TYPES = frozenset(TYPES[n] for n in FLOAT if n in TYPES)     # the same, as GGMLTypes
 
 # Types the backends' kernels compute, per op, where they are fewer than the op's own rules
 # allow: ggml's CPU and CUDA backends report these ops as supported for any type and then abort
@@ -157,6 +159,7 @@ def build(owner: TensorBase, fn: Callable[..., Any], *args: Any, ndim: int | Non
                      like=like)
 
 
-__all__ = ["FLOAT", "CPU_TYPES", "CPU_TYPES_SINCE", "RELEASE", "MAX_DIMS", "tensor", "floats", "cpu_type", "rows", "blas_rows", "blas_rows_ok", "contiguous",
+__all__ = ["FLOAT", "FLOAT_TYPES", "CPU_TYPES", "CPU_TYPES_SINCE", "RELEASE", "MAX_DIMS", "tensor", "floats",
+           "cpu_type", "rows", "blas_rows", "blas_rows_ok", "contiguous",
 
            "can_repeat", "prod", "need", "build", "float_of", "index_of"]

@@ -9,46 +9,103 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
+
 from .._loader import lib
-from ..errors import InvalidArgument, InvalidType, UnsupportedError
-from ._common import (CPU_TYPES, build, can_repeat, contiguous, cpu_type, float_of, floats, need, rows,
-                      scalable, tensor)
+from .._tensor_base import TensorBase
+from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
+from ._common import (CPU_TYPES, FLOAT_TYPES, MAX_DIMS, build, can_repeat, contiguous, cpu_type, float_of,
+                      floats, need, rows, scalable, tensor)
+from .shape import cont, repeat
 
 if TYPE_CHECKING:
+    from .._context import Context
     from .._tensor import Tensor
 
 
-def _binary(fn: Callable[..., Any], a: Any, b: Any, name: str) -> Tensor:
-    a, b = tensor(a, name, "a"), tensor(b, name, "b")
-    floats(name, a, b)
-    # (plain ifs: these checks run per op while graphs are built, messages only on failure)
-    if not can_repeat(b, a):
+def _packed(t: Tensor) -> Tensor:
+    """`t`, or a contiguous copy when its rows are strided (numpy semantics take any layout)."""
+    tt = t.type
+    return t if tt.block_size > 1 or t.nb[0] == tt.type_size else cont(t)
+
+
+def _broadcast(a: Tensor, b: Tensor, name: str) -> tuple[Tensor, Tensor]:
+    """(a', b') with numpy broadcasting made explicit where ggml's repeat rule needs it: `a`
+    packed, then both repeated to the broadcast shape where ggml's repeat cannot tile b."""
+    a = _packed(a)
+    if a.ne == b.ne and a.ndim == b.ndim:
+        return a, b
+    try:
+        shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+    except ValueError:
+        raise InvalidArgument(f"{name}: shapes {a.shape} and {b.shape} do not broadcast") from None
+    require(len(shape) <= MAX_DIMS, f"{name}: the result would have {len(shape)} axes")
+    if a.shape != shape:
+        a = repeat(a, shape)
+    if b.shape != shape and not can_repeat(b, a):
+        b = repeat(_packed(b), shape)
+    return a, b
+
+
+def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = False) -> Tensor:
+    """ggml's binary op `fn` (ggml_add...) on `a` and `b`: the one place of the rule of
+    gg.add/sub/mul/div and of the operators ``+ - * /`` (`numpy`: numpy's broadcasting made
+    explicit first, a strided `a` copied).
+
+    The rule reads the facts each tensor caches (shape, type, strides: read from ggml once,
+    or given by the op that made the tensor), so a chain of ops costs little more than its
+    ggml calls; the result is built the one way every op's is (``Context.build``)."""
+    if (not isinstance(a, TensorBase) or not isinstance(b, TensorBase) or a.ctx._raw is None
+            or b.ctx._raw is None):
+        a, b = tensor(a, name, "a"), tensor(b, name, "b")   # InvalidType / ClosedError
+    ta, ne_a, nb_a, nd_a = a._type, a._ne, a._nb, a._ndim
+    if ta is None or ne_a is None or nb_a is None or not nd_a:
+        ta, ne_a, nb_a, nd_a = a.type, a.ne, a.nb, a.ndim     # (read from ggml once)
+    tb, ne_b, nd_b = b._type, b._ne, b._ndim
+    if tb is None or ne_b is None or not nd_b:
+        tb, ne_b, nd_b = b.type, b.ne, b.ndim
+    same = ne_a == ne_b
+    if numpy and (not same or nd_a != nd_b or (nb_a[0] != ta._size and ta._block == 1)):
+        # numpy semantics: a strided `a` copied, shapes broadcast (ggml's repeat where it
+        # cannot tile b); the facts are then those of the new operands
+        a, b = _broadcast(a, b, name)
+        ta, ne_a, nb_a, nd_a, tb, ne_b, nd_b = a.type, a.ne, a.nb, a.ndim, b.type, b.ne, b.ndim
+        same = ne_a == ne_b
+    # the rule (plain ifs: they run per op while graphs are built, messages only on failure)
+    if ta not in FLOAT_TYPES or tb not in FLOAT_TYPES:
+        bad = ta if ta not in FLOAT_TYPES else tb
+        raise InvalidType(f"{name}: needs float tensors (f32/f16/bf16), got {bad.name}")
+    if not same and (ne_a[0] % ne_b[0] or ne_a[1] % ne_b[1] or ne_a[2] % ne_b[2]
+                     or ne_a[3] % ne_b[3]):
         raise InvalidArgument(f"{name}: b {b.shape} does not repeat into a {a.shape} "
                               "(each ggml dim of b must divide a's)")
-    if a.type != b.type and b.type.name != "f32":
-        raise InvalidType(f"{name}: mixed types {a.type.name} and {b.type.name}")
-    rows(name, ("a", a))
-    return build(a, fn, a.ptr, b.ptr, ndim=max(a.ndim, b.ndim), uses=(b,), like=a)
+    if ta is not tb and ta != tb and tb._name != "f32":
+        raise InvalidType(f"{name}: mixed types {ta.name} and {tb.name}")
+    if nb_a[0] != ta._size and ta._block == 1:          # a's rows must be packed
+        rows(name, ("a", a))
+    ctx: Context = a.ctx
+    return ctx.build(fn, (a._p, b._p), nd_a if nd_a >= nd_b else nd_b,
+                     () if b.ctx is ctx else (b,), 1, like=a)
 
 
 def add(a: Tensor, b: Tensor) -> Tensor:
     """ggml_add: a + b, with b repeated (tiled) into a's shape."""
-    return _binary(lib.ggml_add, a, b, "add")
+    return binary(lib.ggml_add, a, b, "add")
 
 
 def sub(a: Tensor, b: Tensor) -> Tensor:
     """ggml_sub: a - b, with b repeated into a's shape."""
-    return _binary(lib.ggml_sub, a, b, "sub")
+    return binary(lib.ggml_sub, a, b, "sub")
 
 
 def mul(a: Tensor, b: Tensor) -> Tensor:
     """ggml_mul: a * b elementwise, with b repeated into a's shape."""
-    return _binary(lib.ggml_mul, a, b, "mul")
+    return binary(lib.ggml_mul, a, b, "mul")
 
 
 def div(a: Tensor, b: Tensor) -> Tensor:
     """ggml_div: a / b elementwise, with b repeated into a's shape."""
-    return _binary(lib.ggml_div, a, b, "div")
+    return binary(lib.ggml_div, a, b, "div")
 
 
 def scale(a: Tensor, s: float) -> Tensor:
