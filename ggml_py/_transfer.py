@@ -53,7 +53,11 @@ def _host_array(t: "Tensor", array: Any, offset: Any, *, writable: bool,
     if type(offset) is not int or offset:
         offset = _offset(offset, what)
     tdt = t.dtype
-    if not (dt == np.uint8 and tdt != np.uint8):      # (raw bytes: any type, bounds below)
+    if dt is tdt:                 # the usual case (numpy's builtin dtypes are singletons)
+        if offset == 0 and array.size != t.size:
+            raise InvalidArgument(f"{what}: the array has {array.size} elements, the tensor "
+                                  f"{t.size} {t.shape}")
+    elif not (dt == np.uint8 and tdt != np.uint8):      # (raw bytes: any type, bounds below)
         if tdt is None:
             raise InvalidType(f"{what}: {t.type.name} tensors take raw bytes (uint8) or, with "
                               "set(), float32 to quantize")
