@@ -39,7 +39,7 @@ ldconfig
 nvidia_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [ -e "$nvidia_icd" ] && export VK_DRIVER_FILES=$nvidia_icd \
     __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-cp -r .gpu/vendor/. vendor/
+cp -rp .gpu/vendor/. vendor/      # -p: mtimes kept, so a warm machine does not re-configure
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
