@@ -76,7 +76,7 @@ def _glslc_runs() -> None:
     try:
         r = subprocess.run(["glslc", "--version"], capture_output=True, text=True, timeout=60)
         ok, why = r.returncode == 0, (r.stderr or r.stdout).strip()[-300:]
-    except OSError as e:
+    except (OSError, subprocess.TimeoutExpired) as e:
         ok, why = False, str(e)
     if not ok:
         raise BuildError(f"glslc is installed but does not run: {why}",
