@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 _OVERHEAD = int(lib.ggml_tensor_overhead())
 _OBJ = _OVERHEAD - 16       # each tensor takes ggml_tensor_overhead() minus alignment slack
 _MAX_CAPACITY = 1 << 26
-_new = object.__new__
 
 
 class _Export:
@@ -168,11 +167,8 @@ class Context(Owned):
                 s = tt._size
                 s1 = s * ne[0]
                 s2 = s1 * ne[1]
-                t = _new(Tensor)                # (TensorBase.__init__ with every fact given,
-                t._p, t.ctx, t._ndim = p, self, ndim             # inlined on this hot path)
-                t._type, t._ne, t._nb, t._contig = tt, ne, (s, s1, s2, s2 * ne[2]), True
-                t._shape = shape if shape is not None and len(shape) == ndim else None
-                return t
+                return Tensor(p, self, ndim, tt, ne, (s, s1, s2, s2 * ne[2]),
+                              shape if shape is not None and len(shape) == ndim else None, True)
         return Tensor(p, self, ndim)
 
     def _build_shared(self, fn: Callable[..., Any], args: Iterable[Any],
