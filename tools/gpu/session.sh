@@ -13,6 +13,8 @@
 # checks  the event mutation check on CUDA0/CUDA1 and Vulkan0; the multi-device tests with
 #         GGML_CUDA_DEVICES=4; event RSS attribution (event_rss.c); the generator on every
 #         device (GEN_SECONDS, default 120)
+# vkpair  two Vulkan devices on the one GPU (GGML_VK_VISIBLE_DEVICES=0,0): the device list,
+#         then the event mutation check on the Vulkan pair, every line of output kept
 # suite   suite1 (tests/test_[a-g]*.py) then suite2 (the other files), GGML_CUDA_DEVICES=2,
 #         slow tests included; each half's log and junit in $OUT
 set -u
@@ -85,6 +87,23 @@ checks)
         echo "generator exit $? (124: stopped by its time limit, no failure)" >> "$OUT/gen.log"
     fi
     echo "phase total ${SECONDS}s" | tee -a "$OUT/env.txt"
+    ;;
+vkpair)
+    folder=$(ls -d ggml_py/lib/ggml-"$REL"-cpu-rpc-cuda90* | head -1)
+    [ -n "$folder" ] || { echo "no build: run the build phase first (warm machine)"; exit 1; }
+    export GGML_PY_BUILD=$folder GGML_VK_VISIBLE_DEVICES=0,0 GGML_CUDA_DEVICES=2
+    {
+        echo "== python -m ggml_py"
+        timeout 60 python3 -X faulthandler -m ggml_py; echo "exit $?"
+        for m in none record wait; do
+            echo "== GGML_PY_MUTATE=$m (Vulkan pair)"
+            GGML_PY_MUTATE=$([ $m = none ] || echo $m) timeout 100 python3 -X faulthandler \
+                -m pytest -q -rA "${PLUGIN[@]}" -p tools.mutate_events \
+                -k "(ordered_by or events_order) and Vulkan" tests/ 2>&1 | tail -40
+            echo "exit ${PIPESTATUS[0]}"
+        done
+    } > "$OUT/vkpair.txt" 2>&1
+    tail -60 "$OUT/vkpair.txt"
     ;;
 suite|suite1|suite2)
     folder=$(ls -d ggml_py/lib/ggml-"$REL"-cpu-rpc-cuda90* | head -1)
