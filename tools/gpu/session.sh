@@ -97,7 +97,7 @@ vkpair)
         timeout 60 python3 -X faulthandler -m ggml_py; echo "exit $?"
         for m in none record wait; do
             echo "== GGML_PY_MUTATE=$m (Vulkan pair)"
-            GGML_PY_MUTATE=$([ $m = none ] || echo $m) timeout 100 python3 -X faulthandler \
+            GGML_PY_MUTATE=$([ $m = none ] || echo $m) timeout 60 python3 -X faulthandler \
                 -m pytest -q -rA "${PLUGIN[@]}" -p tools.mutate_events \
                 -k "(ordered_by or events_order) and Vulkan" tests/ 2>&1 | tail -40
             echo "exit ${PIPESTATUS[0]}"
