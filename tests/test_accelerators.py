@@ -2,11 +2,15 @@
 two backends of one device ordered by events, async round trips, copies to and from the CPU,
 the scheduler splitting a graph between the device and the CPU, ops against the CPU.
 Everything here skips on a machine with no such device (CI runs CPU and RPC only)."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import LayerStack, nmse, producer_rows
+from ggml_py import _vulkan
+from conftest import LayerStack, child_env, nmse, producer_rows
 
 ACCEL = [d.name for d in gg.devices()
          if d.type in ("gpu", "igpu") and not d.registry.name.startswith("RPC")]
@@ -207,3 +211,31 @@ def test_event_closed_before_the_waiting_backend_synchronizes(accel, rng):
             gg.copy_async(a, dst, b0, b1)
         b1.synchronize()
         assert np.array_equal(dst.numpy(), x)
+
+
+VULKAN = [n for n in ACCEL if n.startswith("Vulkan")]
+
+
+@pytest.mark.parametrize("spec", ["{n}", "0,{n}", "-1", "{n}x", "0 1 2 3 4 5 6 7 8 9 99",
+                                  "0,0", "x,99", "", "0"])
+@pytest.mark.parametrize("dev", VULKAN[:1] or ["Vulkan0"])
+def test_a_visible_vulkan_device_that_is_not_there_is_an_import_error(dev, spec):
+    """ggml's Vulkan registry throws on a GGML_VK_VISIBLE_DEVICES index past the loader's
+    devices, and the process dies (a segmentation fault on the H200). ggml_py reads the value
+    by ggml's rules first: an index that is not there is an ImportError naming the variable,
+    anything else imports; no value ends the process."""
+    if not VULKAN:
+        pytest.skip("needs a build with Vulkan and a Vulkan device")
+    types = _vulkan.physical_device_types()
+    assert types, "the loader reports the devices ggml found"
+    value = spec.format(n=len(types))
+    bad = any(i >= len(types) for i in _vulkan.visible_indices(value))
+    r = subprocess.run([sys.executable, "-c", "import ggml_py as gg; print(len(gg.devices()))"],
+                       env=child_env(GGML_VK_VISIBLE_DEVICES=value), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode in (0, 1), (value, r.returncode, r.stderr[-2000:])
+    if bad:
+        assert r.returncode == 1 and "ImportError" in r.stderr, (value, r.stderr[-2000:])
+        assert "GGML_VK_VISIBLE_DEVICES" in r.stderr and "would end the process" in r.stderr
+    else:
+        assert r.returncode == 0, (value, r.stderr[-2000:])

@@ -59,3 +59,43 @@ def test_supports_op(cpu):
     with gg.Context() as ctx:
         a = ctx.tensor(gg.f32, (4, 4))
         assert cpu.supports_op(a + a)
+
+
+# ggml-vulkan's reading of GGML_VK_VISIBLE_DEVICES (ggml_vk_instance_init), word for word
+_VK_PARSE = r"""
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <string>
+int main(int argc, char ** argv) {
+    std::string devices(argv[1]);
+    std::replace(devices.begin(), devices.end(), ',', ' ');
+    std::stringstream ss(devices);
+    size_t tmp;
+    while (ss >> tmp) { std::printf("%zu\n", tmp); }
+}
+"""
+
+
+def test_visible_vulkan_devices_are_read_as_ggml_reads_them(tmp_path):
+    """ggml_py refuses a GGML_VK_VISIBLE_DEVICES index past the loader's devices before ggml
+    reads it (ggml would end the process): that check must read the value as ggml does.
+    Generated values against ggml's own parsing code, compiled here."""
+    import shutil
+    import subprocess
+    from hypothesis import given, settings, strategies as st
+    from ggml_py._vulkan import visible_indices
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build ggml's parser")
+    (tmp_path / "p.cpp").write_text(_VK_PARSE)
+    exe = tmp_path / "p"
+    subprocess.run([cxx, "-O0", "-o", str(exe), str(tmp_path / "p.cpp")], check=True)
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.text(alphabet="0123456789,+- x\t", max_size=24))
+    def check(spec):
+        out = subprocess.run([str(exe), spec], capture_output=True, text=True, check=True).stdout
+        assert visible_indices(spec) == [int(x) for x in out.split()], spec
+
+    check()
