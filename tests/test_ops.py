@@ -35,6 +35,9 @@ Q = _r.standard_normal((1, 4, 5, 16)).astype(np.float32)           # B, H, Nq, D
 K = _r.standard_normal((1, 2, 7, 16)).astype(np.float16)           # B, Hkv, Nkv, D
 V = _r.standard_normal((1, 2, 7, 16)).astype(np.float16)
 KQ_MASK = np.where(np.arange(7) < 5, 0, -np.inf).astype(np.float16)[None].repeat(5, 0)
+# the mask as flash_attn_ext takes it: rows padded to 64 (ggml before 0.10 requires
+# GGML_KQ_MASK_PAD rows; later releases read the first Nq)
+KQ_MASK_PADDED = KQ_MASK[:1].repeat(64, 0)
 TABLE = _r.standard_normal((6, 16)).astype(np.float32)
 NEW_ROWS = _r.standard_normal((2, 16)).astype(np.float32)
 ROW_IDX = np.array([4, 1], np.int64)
@@ -149,7 +152,7 @@ OPS = {
                     IMG[:, :, :8].reshape(2, 3, 4, 2, 4, 2).max((3, 5)), 0),
     "pool_2d avg": ((IMG[:, :, :8],), lambda a: gg.pool_2d(a, 2, op="avg"),
                     IMG[:, :, :8].reshape(2, 3, 4, 2, 4, 2).mean((3, 5)), T_DEFAULT),
-    "flash_attn_ext": ((Q, K, V, KQ_MASK), lambda q, k, v, m: gg.flash_attn_ext(q, k, v, m, 0.25),
+    "flash_attn_ext": ((Q, K, V, KQ_MASK_PADDED), lambda q, k, v, m: gg.flash_attn_ext(q, k, v, m, 0.25),
                        _attention(Q, K, V, KQ_MASK, 0.25), T_MATMUL),
     "argsort": ((X,), gg.argsort, np.argsort(X, -1), 0),
     "argsort descending": ((X,), lambda a: gg.argsort(a, descending=True), np.argsort(-X, -1), 0),
@@ -322,3 +325,22 @@ def test_row_indices_are_range_checked_at_compute(rpc_devs, dev_kind, bad):
             with pytest.raises(gg.InvalidArgument, match=f"index {bad} is out of range for 6 rows"):
                 be.compute(g)
             idx.set(np.array([0, 5], idx.dtype))
+
+
+def test_flash_attn_mask_rows_follow_the_release():
+    """ggml before 0.10 asserts that the mask has its query rows padded to GGML_KQ_MASK_PAD
+    (64); later releases read the first Nq rows. An unpadded mask is refused with that reason
+    where the release pads, and computes where it does not."""
+    from ggml_py.ops.nn import _KQ_MASK_PAD
+    with gg.device("CPU").backend() as be, gg.Context() as ctx:
+        q, k, v, m = (ctx.from_numpy(a) for a in (Q, K, V, KQ_MASK))    # 5 mask rows, 5 queries
+        if _KQ_MASK_PAD > 1:
+            with pytest.raises(gg.InvalidArgument, match="GGML_KQ_MASK_PAD"):
+                gg.flash_attn_ext(q, k, v, m, 0.25)
+            return
+        out = gg.flash_attn_ext(q, k, v, m, 0.25)
+        ctx.alloc(be)
+        for t, x in zip((q, k, v, m), (Q, K, V, KQ_MASK)):
+            t.set(np.ascontiguousarray(x))
+        be.compute(gg.Graph(out))
+        assert nmse(out.numpy(copy=True), _attention(Q, K, V, KQ_MASK, 0.25)) < T_MATMUL

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._loader import ffi, lib
+from .._loader import BUILD, ffi, lib
 from ..errors import InvalidType, require
 from ._common import build, contiguous, cpu_type, float_of, floats, index_of, rows, tensor
 
@@ -77,6 +77,8 @@ def group_norm(a: Tensor, n_groups: int, eps: float = 1e-6) -> Tensor:
 
 
 # GGML_ROPE_TYPE_NORMAL is 0 (named from 0.10 on; 0.9.4 defines NEOX only)
+# ggml before 0.10 wants flash attention's mask rows padded to GGML_KQ_MASK_PAD (64)
+_KQ_MASK_PAD = int(getattr(lib, "GGML_KQ_MASK_PAD", 1))
 ROPE_NORMAL, ROPE_NEOX = int(getattr(lib, "GGML_ROPE_TYPE_NORMAL", 0)), int(lib.GGML_ROPE_TYPE_NEOX)
 
 
@@ -142,6 +144,11 @@ def flash_attn_ext(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         require(mask.is_contiguous, "flash_attn_ext: mask must be contiguous")
         require(mask.ne[0] == k.ne[1] and mask.ne[1] >= q.ne[1],
                 f"flash_attn_ext: mask {mask.shape} does not cover ({q.ne[1]}, {k.ne[1]})")
+        rows_needed = -(-q.ne[1] // _KQ_MASK_PAD) * _KQ_MASK_PAD
+        require(mask.ne[1] >= rows_needed,
+                f"flash_attn_ext: this build (ggml {BUILD['release']}) needs the mask's query "
+                f"rows padded to a multiple of GGML_KQ_MASK_PAD={_KQ_MASK_PAD}: {rows_needed} "
+                f"rows for {q.ne[1]} queries, got {mask.ne[1]} (ggml 0.10 dropped the padding)")
         require(q.ne[2] % mask.ne[2] == 0 and q.ne[3] % mask.ne[3] == 0,
                 "flash_attn_ext: mask batch dims must divide q's")
         m = mask.ptr
