@@ -23,7 +23,7 @@ from ._buffer import Buffer
 from ._event import Event
 from ._handle import Borrowed
 from ._liveness import ensure_alive, supports_op
-from ._loader import cstr, ffi, lib
+from ._loader import cstr, ffi, lib, old_rpc_api
 from .errors import (GGMLError, InvalidArgument, InvalidType, NotFound, OutOfMemory,
                      UnsupportedError, require)
 
@@ -106,6 +106,12 @@ class Registry(Borrowed):
     @property
     def devices(self) -> list["Device"]:
         n = lib.ggml_backend_reg_dev_count(self.ptr)
+        if n == 0 and old_rpc_api() and self.name == "RPC":
+            # ggml 0.9.x's RPC registry enumerates nothing: its devices, one per endpoint, are
+            # registered with ggml one by one (rpc.connect); they are those that name it
+            return [Device._of(d) for d in (lib.ggml_backend_dev_get(i)
+                                            for i in range(lib.ggml_backend_dev_count()))
+                    if lib.ggml_backend_dev_backend_reg(d) == self.ptr]
         return [Device._of(lib.ggml_backend_reg_dev_get(self.ptr, i)) for i in range(n)]
 
     def proc_address(self, name: str, ctype: str | None = None) -> Any:

@@ -31,10 +31,10 @@ def _key(dev_ptr: Any) -> int:
     return int(ffi.cast("uintptr_t", dev_ptr))
 
 
-def remember(reg_ptr: Any, endpoint: str) -> None:
-    """Record that every device of the registry `reg_ptr` is served from `endpoint`."""
-    for i in range(int(lib.ggml_backend_reg_dev_count(reg_ptr))):
-        _ENDPOINT[_key(lib.ggml_backend_reg_dev_get(reg_ptr, i))] = endpoint
+def remember(dev_ptrs: list[Any], endpoint: str) -> None:
+    """Record that the devices `dev_ptrs` (raw handles) are served from `endpoint`."""
+    for d in dev_ptrs:
+        _ENDPOINT[_key(d)] = endpoint
 
 
 def endpoint_of(dev_ptr: Any) -> str | None:
@@ -50,6 +50,8 @@ def endpoint_of(dev_ptr: Any) -> str | None:
     found = None
     if reg.startswith("RPC"):
         desc = cstr(lib.ggml_backend_dev_description(dev_ptr)) or ""
+        if desc.startswith("RPC[") and desc.endswith("]"):    # ggml 0.9.x: "RPC[host:port]"
+            desc = desc[4:-1]
         host, _, port = desc.rpartition(":")
         found = desc if host and port.isdigit() else None
     _ENDPOINT[k] = found

@@ -6,6 +6,7 @@ nothing is found the error says exactly what to run.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -141,17 +142,14 @@ def backend_fn(name: str, ctype: str) -> Any:
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def old_rpc_api() -> bool:
     """Whether this build's RPC backend is 0.9.x's: one device per endpoint
-    (``ggml_backend_rpc_add_device``) and a one-backend ``ggml_backend_rpc_start_server``,
-    before the server registries (``ggml_backend_rpc_add_server``) ggml_py drives."""
+    (``ggml_backend_rpc_add_device``, named "RPC[host:port]"), a server of one backend
+    (``ggml_backend_rpc_start_server(backend, ...)``) and an empty HELLO; 0.10 brought the
+    server registries (``ggml_backend_rpc_add_server``) with several devices per server."""
     return (backend_fn("ggml_backend_rpc_add_server", "void *") is None
             and backend_fn("ggml_backend_rpc_add_device", "void *") is not None)
-
-
-OLD_RPC = ("this build's RPC backend (ggml 0.9.x, protocol 2.0.0) registers one device per "
-           "endpoint with ggml_backend_rpc_add_device; ggml_py drives RPC servers through "
-           "ggml_backend_rpc_add_server, which ggml 0.10 added")
 
 
 def cstr(p: Any) -> str | None:
@@ -159,5 +157,5 @@ def cstr(p: Any) -> str | None:
     return None if p == ffi.NULL else ffi.string(p).decode("utf-8", "replace")
 
 
-__all__ = ["ffi", "lib", "BUILD", "BUILD_DIR", "backend_fn", "old_rpc_api", "OLD_RPC", "cstr",
+__all__ = ["ffi", "lib", "BUILD", "BUILD_DIR", "backend_fn", "old_rpc_api", "cstr",
            "GGMLError"]

@@ -15,6 +15,7 @@ import socket
 import sys
 import threading
 import time
+from typing import Any
 
 DEFAULT_PORT = 50052
 
@@ -77,9 +78,9 @@ def _can_listen(host: str, port: int) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    from ._loader import OLD_RPC, backend_fn, ffi, lib, old_rpc_api
+    from ._loader import backend_fn, ffi, lib, old_rpc_api
     from . import device
-    from .rpc import WARNING, _is_loopback
+    from .rpc import OLD_RPC_ONE_DEVICE, WARNING, _is_loopback
 
     max_threads = int(getattr(lib, "GGML_MAX_N_THREADS", 512))
     p = _parser(max_threads)
@@ -103,21 +104,33 @@ def main(argv: list[str]) -> int:
     if busy:
         print(f"rpc-server: {busy}; choose another --port", file=sys.stderr)
         return 1
-    if old_rpc_api():
-        print(f"rpc-server: {OLD_RPC}", file=sys.stderr)
-        return 1
-    start = backend_fn("ggml_backend_rpc_start_server",
-                       "void (*)(const char *, const char *, size_t, size_t, ggml_backend_dev_t *)")
+    endpoint = f"{args.host}:{args.port}".encode()
+    cache = ffi.new("char[]", args.cache_dir.encode()) if args.cache_dir else ffi.NULL
+    if old_rpc_api():            # ggml 0.9.x: one backend per server, memory told by the caller
+        if len(devs) != 1:
+            print(f"rpc-server: {OLD_RPC_ONE_DEVICE}", file=sys.stderr)
+            return 2
+        start = backend_fn("ggml_backend_rpc_start_server",
+                           "void (*)(ggml_backend_t, const char *, const char *, size_t, size_t)")
+        backend = lib.ggml_backend_dev_init(devs[0].ptr, ffi.NULL)
+        if backend == ffi.NULL:
+            print(f"rpc-server: {devs[0].name} could not start a backend", file=sys.stderr)
+            return 1
+        if devs[0].type == "cpu":
+            lib.ggml_backend_cpu_set_n_threads(backend, args.threads)
+        free, total = devs[0].memory
+        call_args: tuple[Any, ...] = (backend, endpoint, cache, free, total)
+    else:
+        start = backend_fn("ggml_backend_rpc_start_server",
+                           "void (*)(const char *, const char *, size_t, size_t, ggml_backend_dev_t *)")
+        arr = ffi.new("ggml_backend_dev_t[]", [d.ptr for d in devs])
+        call_args = (endpoint, cache, args.threads, len(devs), arr)
     if start is None:
         print("rpc-server: this build has no RPC server", file=sys.stderr)
         return 1
-    arr = ffi.new("ggml_backend_dev_t[]", [d.ptr for d in devs])
-    endpoint = f"{args.host}:{args.port}".encode()
-    cache = ffi.new("char[]", args.cache_dir.encode()) if args.cache_dir else ffi.NULL
     sys.stdout.flush()
     # the C call releases the GIL and never returns while it serves
-    server = threading.Thread(target=start, daemon=True,
-                              args=(endpoint, cache, args.threads, len(devs), arr))
+    server = threading.Thread(target=start, daemon=True, args=call_args)
     server.start()
     try:
         while server.is_alive():

@@ -64,7 +64,8 @@ def visible_indices(spec: str) -> list[int]:
     that is no number ends the list, a sign starts a new number ("1-2" is 1 then -2), a minus
     wraps modulo 2**64 and a number past 2**64 - 1 ends the list."""
     import re
-    text, pos, out = spec.replace(",", " "), 0, []
+    text, pos = spec.replace(",", " "), 0
+    out: list[int] = []
     number = re.compile(r"\s*([+-]?)(\d+)")
     while True:
         m = number.match(text, pos)

@@ -110,7 +110,9 @@ def _ggml_parse(ptr: Any, size: int, fd: int) -> tuple[Any, str]:
     params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
     with _log_lock:
         old_cb, old_ud = ffi.new("ggml_log_callback *"), ffi.new("void **")
-        lib.ggml_log_get(old_cb, old_ud)
+        log_get = getattr(lib, "ggml_log_get", None)     # (0.10+; before, NULL restores
+        if log_get is not None:                          # ggml's default logger)
+            log_get(old_cb, old_ud)
         _log_lines = []
         lib.ggml_log_set(_capture_log, ffi.NULL)
         try:

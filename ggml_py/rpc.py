@@ -22,11 +22,14 @@ import weakref
 from typing import Any
 from pathlib import Path
 
-from ._loader import BUILD, BUILD_DIR, LIB_ROOT, OLD_RPC, backend_fn, ffi, lib, old_rpc_api
+from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib, old_rpc_api
 from .errors import GGMLError, InvalidType, RPCError, RPCVersionError, UnsupportedError, require
 from . import _liveness
 from ._context import Context
 from ._device import Device, Registry, device as _lookup
+
+OLD_RPC_ONE_DEVICE = ("this build's RPC server (ggml 0.9.x, protocol 2.0.0) serves one device; "
+                      "serving several from one server arrived in ggml 0.10")
 
 WARNING = ("ggml's RPC server has no authentication or encryption: anyone who can reach "
            "{endpoint} can use its devices. Never expose it to an untrusted network.")
@@ -75,6 +78,13 @@ HELLO = 14               # RPC_CMD_HELLO, fixed across protocol versions
 CONN_CAPS = 24           # RPC_CONN_CAPS_SIZE: the HELLO request; the reply adds 4 version bytes
 
 
+def hello_request() -> bytes:
+    """ggml's HELLO as this build's client sends it: the command, the payload size, the
+    connection caps (protocol 2, ggml 0.9.x: no payload)."""
+    caps = 0 if old_rpc_api() else CONN_CAPS
+    return bytes([HELLO]) + struct.pack("<Q", caps) + bytes(caps)
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
@@ -102,7 +112,7 @@ def hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
         raise RPCError(f"no RPC server reachable at {endpoint}: {e}") from None
     with sock:
         try:
-            sock.sendall(bytes([HELLO]) + struct.pack("<Q", CONN_CAPS) + bytes(CONN_CAPS))
+            sock.sendall(hello_request())
             size = _recv_exact(sock, 8)
             reply = _recv_exact(sock, struct.unpack("<Q", size)[0]) if len(size) == 8 else b""
         except (ConnectionResetError, BrokenPipeError):
@@ -196,12 +206,12 @@ def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir
     if build is not None:
         folder = Path(build) if os.sep in str(build) else LIB_ROOT / str(build)
         require((folder / "build.json").exists(), f"no finished build in {folder}")
-    else:                         # (another build's server says so itself, from its process)
-        require(not old_rpc_api(), OLD_RPC, UnsupportedError)
     if devices is None:
         devices = ["CPU"]
     elif isinstance(devices, (Device, str)):
         devices = [devices]
+    if build is None:             # (another build's server says so itself, from its process)
+        require(not old_rpc_api() or len(devices) == 1, OLD_RPC_ONE_DEVICE, UnsupportedError)
     names = [d.name if isinstance(d, Device) else (d if build else _lookup(d).name)
              for d in devices]
     require(isinstance(port, int) and not isinstance(port, bool) and 0 <= port < 65536,
@@ -268,8 +278,9 @@ def connect(endpoint: str, timeout: float = 5.0) -> Registry:
     parse_endpoint(endpoint)
     if endpoint in _connected:
         return _connected[endpoint]
-    require(not old_rpc_api(), OLD_RPC, UnsupportedError)
     hello(endpoint, timeout)
+    if old_rpc_api():
+        return _connect_one_device(endpoint)
     add_server = backend_fn("ggml_backend_rpc_add_server", "ggml_backend_reg_t (*)(const char *)")
     if add_server is None:
         raise RPCError("this build has no RPC backend")
@@ -277,20 +288,56 @@ def connect(endpoint: str, timeout: float = 5.0) -> Registry:
     if raw == ffi.NULL:
         raise RPCError(f"the RPC server at {endpoint} offers no devices")
     lib.ggml_backend_register(raw)
-    _liveness.remember(raw, endpoint)
+    _liveness.remember([lib.ggml_backend_reg_dev_get(raw, i)
+                        for i in range(int(lib.ggml_backend_reg_dev_count(raw)))], endpoint)
     reg = _connected[endpoint] = Registry(raw)
+    _keep_connected(endpoint, reg.devices)
+    return reg
+
+
+class EndpointRegistry(Registry):
+    """The RPC registry as seen from one server of ggml 0.9.x, whose RPC backend has one
+    registry for every endpoint and enumerates no devices: ``devices`` is the device
+    ``ggml_backend_rpc_add_device`` made for this endpoint."""
+
+    __slots__ = ("_devices",)
+
+    def __init__(self, ptr: Any, devices: list[Device]) -> None:
+        super().__init__(ptr)
+        self._devices = devices
+
+    @property
+    def devices(self) -> list[Device]:
+        return list(self._devices)
+
+
+def _connect_one_device(endpoint: str) -> Registry:
+    """ggml 0.9.x: one device per endpoint (``ggml_backend_rpc_add_device``), registered with
+    ggml's device list so that it appears in ``gg.devices()``."""
+    add_device = backend_fn("ggml_backend_rpc_add_device", "ggml_backend_dev_t (*)(const char *)")
+    raw = add_device(endpoint.encode())
+    if raw == ffi.NULL:
+        raise RPCError(f"the RPC server at {endpoint} offers no devices")
+    lib.ggml_backend_device_register(raw)
+    _liveness.remember([raw], endpoint)
+    dev = Device._of(raw)
+    reg = _connected[endpoint] = EndpointRegistry(lib.ggml_backend_dev_backend_reg(raw), [dev])
+    _keep_connected(endpoint, [dev])
+    return reg
+
+
+def _keep_connected(endpoint: str, devices: list[Device]) -> None:
     # ggml's client holds its connection to a server only while a buffer there lives, and
     # otherwise connects again for every call; servers before 0.15 then refuse or reset some
     # of those connections and the client aborts. One small buffer per device keeps the
     # connection (closed with the server's other objects, see Server.close)
     keep = []
-    for d in reg.devices:
+    for d in devices:
         try:
             keep.append(d.buffer_type.alloc(1))
         except GGMLError:           # (a full device: connect anyway, without the pin)
             pass
     _keepalive[endpoint] = keep
-    return reg
 
 
 # The server process itself (`python -m ggml_py rpc-server`) is ggml_py/_rpc_server.py.

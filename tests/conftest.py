@@ -12,10 +12,7 @@ sys.path.insert(0, str(ROOT))  # build_ggml / ggml_build for the build tests
 
 import ggml_py as gg  # noqa: E402
 
-# ggml 0.9.x's RPC registers one device per endpoint (ggml_backend_rpc_add_device), before the
-# server registries ggml_py drives: there the session has no RPC servers, and a test that
-# reaches RPC skips saying so (pytest_runtest_makereport below)
-N_RPC = 0 if gg._loader.old_rpc_api() else 2
+N_RPC = 2          # the session's RPC servers (fixture rpc_servers)
 
 # what pip and build_ggml.py say when the package index cannot be reached
 _NO_INDEX = ("from the package index", "No matching distribution found",
@@ -81,14 +78,24 @@ def _local_names():
     return [d.name for d in gg.devices()]
 
 
-DEVICE_NAMES = _local_names() + [f"RPC{i}" for i in range(N_RPC)]   # the session's servers
+RPC_IDS = [f"RPC{i}" for i in range(N_RPC)]       # the session's servers
+DEVICE_NAMES = _local_names() + RPC_IDS
 
 
 @pytest.fixture(params=DEVICE_NAMES)
 def dev(request, rpc_servers):
     """Every available device: the local ones (CPU, and CUDA/Metal/Vulkan where built) and
-    two RPC devices (those of the session's servers)."""
-    return gg.device(request.param)
+    two RPC devices (those of the session's servers, named RPC0 and RPC1 in the test ids;
+    ggml 0.9.x names them "RPC[host:port]")."""
+    return device_of(request.param, rpc_servers)
+
+
+def device_of(name, rpc_servers):
+    """The device a test id names: RPC0/RPC1 are the session's servers' devices (named so by
+    ggml from 0.10; 0.9.x names them "RPC[host:port]"), any other name is ggml's."""
+    if name in RPC_IDS:
+        return rpc_servers[RPC_IDS.index(name)].device
+    return gg.device(name)
 
 
 @pytest.fixture
@@ -98,8 +105,6 @@ def cpu():
 
 @pytest.fixture
 def rpc_devs(rpc_servers):
-    if not rpc_servers:
-        raise gg.UnsupportedError(gg._loader.OLD_RPC)
     return [s.device for s in rpc_servers]
 
 
@@ -145,16 +150,3 @@ class LayerStack:
         for c in self.ctxs:
             c.close()
 
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """A test that reaches RPC on a release whose RPC ggml_py does not drive (0.9.x: ggml_py
-    refuses with UnsupportedError and the message OLD_RPC) is reported as skipped with that
-    reason, not failed; any other error stays a failure."""
-    outcome = yield
-    rep = outcome.get_result()
-    exc = call.excinfo
-    if (exc is not None and rep.outcome == "failed" and isinstance(exc.value, gg.UnsupportedError)
-            and str(exc.value) == gg._loader.OLD_RPC):
-        rep.outcome = "skipped"
-        rep.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {gg._loader.OLD_RPC}")

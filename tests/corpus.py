@@ -354,10 +354,9 @@ def environment(gg, np):  # noqa: ANN001, ANN201 (a test helper run in the child
     import socket
     e = {}
     srv = gg.rpc.serve()
-    gg.rpc.connect(srv.endpoint)
     e["server"] = srv
     e["cpudev"] = gg.device("CPU")
-    e["rpcdev"] = [d for d in gg.devices() if d.description == srv.endpoint][0]
+    e["rpcdev"] = gg.rpc.connect(srv.endpoint).devices[0]
     for kind in DEVICES:
         dev = e[f"{kind}dev"]
         be = dev.backend()

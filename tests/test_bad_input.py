@@ -86,7 +86,7 @@ MATCH = {
     "tensor of closed context": "context is closed", "closed backend": "backend is closed",
     "buffer over max size": "exceed buffer type CPU's max size", "negative buffer size": "nbytes must be >= 0",
     "clear value": "must be a byte", "unaligned host buffer": "not aligned to",
-    "wait on a backend without events": "(CPU|RPC0) has no events", "n_threads": "n_threads must be an int in 1..",
+    "wait on a backend without events": r"(CPU|RPC\S*) has no events", "n_threads": "n_threads must be an int in 1..",
     "unknown type": "not a ggml type: 'f99'", "bad shape": "every axis must be >= 1",
     "too many axes": "1 to 4 axes",
 }

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import DEVICE_NAMES
+from conftest import DEVICE_NAMES, device_of
 
 
 def _tensor_on(dev, be, x):
@@ -17,7 +17,7 @@ def _tensor_on(dev, be, x):
 
 @pytest.mark.parametrize("src_name, dst_name", list(itertools.product(DEVICE_NAMES, repeat=2)))
 def test_copy_async_every_pair(rpc_servers, src_name, dst_name, rng):
-    src_dev, dst_dev = gg.device(src_name), gg.device(dst_name)
+    src_dev, dst_dev = device_of(src_name, rpc_servers), device_of(dst_name, rpc_servers)
     x = rng.standard_normal((16, 64)).astype(np.float32)
     with src_dev.backend() as sb, dst_dev.backend() as db:
         cs, s = _tensor_on(src_dev, sb, x)

@@ -210,14 +210,14 @@ def test_scheduler_colours_splits_and_copies(rpc_devs, rng):
     _assert_edges_avoid_boxes(rects, edges)
     fills = {r.get("fill") for r in boxes}
     assert {DG.FILLS[0], DG.FILLS[1]} <= fills                  # RPC0 and RPC1 boxes
-    for name in ("RPC0", "RPC1", "CPU"):                      # legend by device name
+    for name in [d.name for d in rpc_devs] + ["CPU"]:         # legend by device name
         assert f">{name}<" in svg
     if sched.n_copies:
         assert "copy of" in svg and 'stroke-dasharray="4 3"' in svg
 
     found = D.splits(sched, g)
     assert len(found) == sched.n_splits
-    assert {s["backend"] for s in found} <= {"RPC0", "RPC1"}
+    assert {s["backend"] for s in found} <= {d.name for d in rpc_devs}
     assert sum(len(s["nodes"]) for s in found) == g.n_nodes
     text = D.scheduler_html(sched, g)
     assert f"{sched.n_splits} splits" in text and "<svg" in text
@@ -271,8 +271,8 @@ def test_displays_survive_a_dead_rpc_server(tmp_path):
     script.write_text(
         "import numpy as np, ggml_py as gg\n"
         "from ggml_py import _display as D\n"
-        "srv = gg.rpc.serve(); gg.rpc.connect(srv.endpoint)\n"
-        "dev = gg.device('RPC0'); be = dev.backend(); ctx = gg.Context()\n"
+        "srv = gg.rpc.serve(); dev = gg.rpc.connect(srv.endpoint).devices[0]\n"
+        "be = dev.backend(); ctx = gg.Context()\n"
         "t = ctx.from_numpy(np.ones((2, 3), np.float32), 't'); ctx.alloc(be)\n"
         "t.set(np.ones((2, 3), np.float32)); buf = dev.buffer_type.alloc(1024)\n"
         "srv.close()\n"

@@ -95,8 +95,8 @@ def test_zero_copy_view_keeps_memory_alive(cpu):
 
 CYCLES = """
 import gc, json, psutil, ggml_py as gg
-srv = gg.rpc.serve(); gg.rpc.connect(srv.endpoint)
-cpu, rpc = gg.device("CPU"), gg.device("RPC0")
+srv = gg.rpc.serve()
+cpu, rpc = gg.device("CPU"), gg.rpc.connect(srv.endpoint).devices[0]
 proc = psutil.Process()
 
 def growth(make, n=100_000):

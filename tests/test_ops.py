@@ -1,6 +1,9 @@
 """Every op computed on every device and checked against numpy with test-backend-ops' NMSE
 thresholds; every refused op input raises the check named by its message, and the process
 keeps working."""
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -162,7 +165,8 @@ OPS = {
 
 
 # cases a pinned release refuses (its CPU kernel would abort): op -> (release, what arrived)
-SINCE = {"conv_1d": ("0.20.2", "conv_1d with an f32 kernel")}
+SINCE = {"conv_1d": ("0.20.2", "conv_1d with an f32 kernel"),
+         "cumsum": ("0.10.1", "ggml_cumsum")}
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -175,7 +179,8 @@ def test_op_matches_numpy(dev, op):
         for t, x in zip(ts, inputs):
             t.set(np.ascontiguousarray(x))
         if older:                  # refused, cleanly, and said why
-            with pytest.raises(gg.InvalidType, match=SINCE[op][0].replace(".", r"\.")):
+            with pytest.raises((gg.InvalidType, gg.UnsupportedError),
+                               match=SINCE[op][0].replace(".", r"\.")):
                 build(*ts)
             pytest.skip(f"{SINCE[op][1]} arrived in ggml {SINCE[op][0]} (this build is "
                         f"{gg.ggml_version()}, which refuses it)")
@@ -310,7 +315,8 @@ def test_bad_graph_input_raises(cpu, rpc_devs, case):
 def test_row_indices_are_range_checked_at_compute(rpc_devs, dev_kind, bad):
     """ggml asserts on an index out of range (an RPC server dies of it): each compute checks
     the index inputs' values first, the boundary included."""
-    with gg.device(dev_kind).backend() as be, gg.Context() as ctx:
+    dev = gg.device("CPU") if dev_kind == "CPU" else rpc_devs[0]
+    with dev.backend() as be, gg.Context() as ctx:
         table = ctx.from_numpy(np.arange(48, dtype=np.float32).reshape(6, 8))
         idx = ctx.from_numpy(np.array([0, 5], np.int64 if bad > 2 ** 31 else np.int32))
         dst = ctx.from_numpy(np.zeros((6, 8), np.float32))
@@ -344,3 +350,19 @@ def test_flash_attn_mask_rows_follow_the_release():
             t.set(np.ascontiguousarray(x))
         be.compute(gg.Graph(out))
         assert nmse(out.numpy(copy=True), _attention(Q, K, V, KQ_MASK, 0.25)) < T_MATMUL
+
+
+def test_the_release_each_optional_function_arrived_in():
+    """`need` names the release that added a function: that table agrees with every pinned
+    tree fetched here (a tree declares the function exactly when it is that release or newer)."""
+    from ggml_build import pins
+    from ggml_py.ops._common import ADDED
+    root = Path(__file__).resolve().parent.parent / "vendor"
+    trees = [(r, root / r / "include") for r in pins.load_manifest()[1]]
+    trees = [(r, inc) for r, inc in trees if inc.is_dir()]
+    if not trees:
+        pytest.skip("no pinned tree fetched")
+    for fn, release in ADDED.items():
+        for r, inc in trees:
+            declared = any(re.search(rf"\b{fn}\(", h.read_text()) for h in inc.glob("*.h"))
+            assert declared == (pins._version_key(r) >= pins._version_key(release)), (fn, r)

@@ -46,7 +46,7 @@ def test_lookup_by_name_index_and_type(rpc_devs):
     assert gg.device("CPU") is gg.device(type="cpu")
     assert gg.device(0) is gg.devices()[0]
     assert gg.device("cpu") is gg.device("CPU")
-    assert gg.device("RPC1") is rpc_devs[1]
+    assert gg.device(rpc_devs[1].name) is rpc_devs[1]
 
 
 @pytest.mark.parametrize("key, kw", [("NOPE", {}), (99, {}), (-1, {}), (None, {"type": "accel"})])

@@ -139,11 +139,19 @@ def prod(s: Iterable[int]) -> int:
     return r
 
 
+#: the first pinned release whose headers declare each function `need` asks for
+#: (tests/test_ops.py checks this against the pinned trees)
+ADDED = {"ggml_fill": "0.10.1", "ggml_cumsum": "0.10.1"}
+
+
 def need(fn_name: str, op: str) -> Callable[..., Any]:
-    """A ggml function that only some releases have, or UnsupportedError."""
-    from .._loader import lib
+    """A ggml function that only some releases have, or UnsupportedError saying which
+    release added it."""
+    from .._loader import BUILD, lib
     fn = getattr(lib, fn_name, None)
-    require(fn is not None, f"{op} is not in this ggml release", UnsupportedError)
+    require(fn is not None, f"{op} is not in this ggml release ({BUILD['release']}): "
+            f"{fn_name} arrived in ggml {ADDED.get(fn_name, 'a later release')}",
+            UnsupportedError)
     assert fn is not None
     return fn  # type: ignore[no-any-return]
 

@@ -74,7 +74,16 @@ def top_k(a: Tensor, k: int) -> Tensor:
     k = index_of(k, "top_k: k")
     require(1 <= k <= a.ne[0], f"top_k: k={k} must be in 1..{a.ne[0]}")
     contiguous("top_k", ("a", a))
-    return build(a, need("ggml_top_k", "top_k"), a.ptr, k)
+    out = build(a, need("ggml_top_k", "top_k"), a.ptr, k, view=bool(_TOP_K_IS_A_VIEW))
+    if _TOP_K_IS_A_VIEW:               # ggml 0.9.x: a view of the first k of argsort
+        from .shape import cont
+        out = cont(out)
+    return out
+
+
+# before 0.10 ggml_top_k returned a strided view of a full argsort; ggml_py makes it contiguous,
+# as later releases' GGML_OP_TOP_K result is
+_TOP_K_IS_A_VIEW = not hasattr(lib, "GGML_OP_TOP_K")
 
 
 __all__ = ["sum", "sum_rows", "mean", "argmax", "cumsum", "argsort", "top_k"]

@@ -105,6 +105,29 @@ vkpair)
     } > "$OUT/vkpair.txt" 2>&1
     tail -60 "$OUT/vkpair.txt"
     ;;
+vkprobe)       # a Vulkan-only build (about 100 s), then GGML_VK_VISIBLE_DEVICES values
+    BACKENDS=cpu,rpc,vulkan build > "$OUT/vkbuild.txt" 2>&1 || { tail -30 "$OUT/vkbuild.txt"; exit 1; }
+    folder=$(ls -d ggml_py/lib/ggml-"$REL"-cpu-rpc-vulkan | head -1)
+    export GGML_PY_BUILD=$folder
+    {
+        python3 -c 'from ggml_py._vulkan import physical_device_types as t; print("loader types", t())'
+        for v in 0 0,0 1 "0 0"; do
+            echo "== GGML_VK_VISIBLE_DEVICES=$v"
+            GGML_VK_VISIBLE_DEVICES=$v timeout 60 python3 -X faulthandler -c '
+import ggml_py as gg
+from ggml_py._vulkan import physical_device_types as t
+print("loader types", t(), "devices", [d.name for d in gg.devices()])' 2>&1 | tail -8
+            echo "exit ${PIPESTATUS[0]}"
+        done
+        echo "== mutation check on the Vulkan pair"
+        for m in none record wait; do
+            GGML_VK_VISIBLE_DEVICES=0,0 GGML_PY_MUTATE=$([ $m = none ] || echo $m) timeout 60 \
+                python3 -m pytest -q -rA "${PLUGIN[@]}" -p tools.mutate_events \
+                -k "(ordered_by or events_order) and Vulkan" tests/ 2>&1 | grep -E "^(PASSED|FAILED|ERROR)|passed|failed" | sed "s/^/$m: /"
+        done
+    } > "$OUT/vkprobe.txt" 2>&1
+    cat "$OUT/vkprobe.txt"
+    ;;
 suite|suite1|suite2)
     folder=$(ls -d ggml_py/lib/ggml-"$REL"-cpu-rpc-cuda90* | head -1)
     [ -n "$folder" ] || { echo "no build: run the build phase first (warm machine)"; exit 1; }
