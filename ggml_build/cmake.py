@@ -97,7 +97,7 @@ def _git_env(tree: Path) -> dict[str, str]:
     stop git's search at vendor/ so ggml reports "unknown" there. A --source checkout keeps
     its real commit."""
     env = dict(os.environ)
-    vendor = Path(__file__).resolve().parent.parent / "vendor"
+    vendor = (Path(__file__).resolve().parent.parent / "vendor").resolve()   # (a linked vendor/)
     if vendor in tree.resolve().parents:
         env["GIT_CEILING_DIRECTORIES"] = str(vendor)
         # and no repository at all: on the GPU machine the ceiling alone still let git find

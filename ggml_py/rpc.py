@@ -78,10 +78,10 @@ HELLO = 14               # RPC_CMD_HELLO, fixed across protocol versions
 CONN_CAPS = 24           # RPC_CONN_CAPS_SIZE: the HELLO request; the reply adds 4 version bytes
 
 
-def hello_request() -> bytes:
+def hello_request(old: bool | None = None) -> bytes:
     """ggml's HELLO as this build's client sends it: the command, the payload size, the
-    connection caps (protocol 2, ggml 0.9.x: no payload)."""
-    caps = 0 if old_rpc_api() else CONN_CAPS
+    connection caps (protocol 2, ggml 0.9.x: no payload). `old` asks for the other form."""
+    caps = 0 if (old_rpc_api() if old is None else old) else CONN_CAPS
     return bytes([HELLO]) + struct.pack("<Q", caps) + bytes(caps)
 
 
@@ -100,29 +100,17 @@ def hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     with ggml's own HELLO handshake over a connection of our own.
 
     Raises RPCError when nothing listens, when the server does not answer within `timeout`
-    (it serves one client at a time: busy), or when it hangs up without answering (another
-    release's server refuses a HELLO of another size), and RPCVersionError when the versions
-    cannot talk (ggml's client would abort the process on any of these)."""
-    host, port = parse_endpoint(endpoint)
-    ours = (int(lib.RPC_PROTO_MAJOR_VERSION), int(lib.RPC_PROTO_MINOR_VERSION),
-            int(lib.RPC_PROTO_PATCH_VERSION))
-    try:
-        sock = socket.create_connection((host, port), timeout=timeout)
-    except OSError as e:
-        raise RPCError(f"no RPC server reachable at {endpoint}: {e}") from None
-    with sock:
-        try:
-            sock.sendall(hello_request())
-            size = _recv_exact(sock, 8)
-            reply = _recv_exact(sock, struct.unpack("<Q", size)[0]) if len(size) == 8 else b""
-        except (ConnectionResetError, BrokenPipeError):
-            size = reply = b""                      # hung up on us: reported below
-        except socket.timeout:
-            raise RPCError(f"the RPC server at {endpoint} did not answer within {timeout} s: it "
-                           "is busy with another client (a ggml RPC server serves one at a "
-                           "time)") from None
-        except OSError as e:
-            raise RPCError(f"the RPC server at {endpoint} broke the connection: {e}") from None
+    (it serves one client at a time: busy), or when it hangs up without answering, and
+    RPCVersionError when the versions cannot talk (ggml's client would abort the process on
+    any of these). A server that hangs up on this build's HELLO is asked once more in the
+    other era's form (protocol 2 sent no payload, later ones send connection caps), so that a
+    server of another release is named by its version."""
+    size, reply = _hello_once(endpoint, timeout, hello_request())
+    if len(size) < 8:
+        size, reply = _hello_once(endpoint, timeout, hello_request(old=not old_rpc_api()))
+        if len(size) == 8 and len(reply) >= 3:
+            _check_version(endpoint, tuple(reply[:3]), force=True)
+    ours = _our_version()
     if len(size) < 8:
         raise RPCError(f"{endpoint} hung up without answering ggml's HELLO: not a ggml RPC "
                        f"server, or one of a ggml release whose protocol differs from "
@@ -130,13 +118,49 @@ def hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     if len(reply) < 3:
         raise RPCVersionError(f"{endpoint} answered HELLO with {len(reply)} bytes: not a "
                               "protocol this build speaks")
-    theirs = tuple(reply[:3])
-    if theirs[0] != ours[0] or theirs[1] > ours[1]:
+    theirs = (reply[0], reply[1], reply[2])
+    _check_version(endpoint, theirs)
+    return theirs
+
+
+def _our_version() -> tuple[int, int, int]:
+    return (int(lib.RPC_PROTO_MAJOR_VERSION), int(lib.RPC_PROTO_MINOR_VERSION),
+            int(lib.RPC_PROTO_PATCH_VERSION))
+
+
+def _check_version(endpoint: str, theirs: tuple[int, ...], force: bool = False) -> None:
+    """RPCVersionError unless a client of this build can talk to a server of `theirs`
+    (`force`: it cannot, whatever the numbers say: it refused this build's HELLO)."""
+    ours = _our_version()
+    if force or theirs[0] != ours[0] or theirs[1] > ours[1]:
         raise RPCVersionError(
             f"the RPC server at {endpoint} speaks protocol {'.'.join(map(str, theirs))}, this "
             f"build (ggml {BUILD['release']}) speaks {'.'.join(map(str, ours))}: run server and "
             "client from releases with the same major protocol version")
-    return (theirs[0], theirs[1], theirs[2])
+
+
+def _hello_once(endpoint: str, timeout: float, request: bytes) -> tuple[bytes, bytes]:
+    """Send one HELLO `request` on a new connection: (the reply's size field, the reply),
+    both empty when the server hung up."""
+    host, port = parse_endpoint(endpoint)
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        raise RPCError(f"no RPC server reachable at {endpoint}: {e}") from None
+    with sock:
+        try:
+            sock.sendall(request)
+            size = _recv_exact(sock, 8)
+            reply = _recv_exact(sock, struct.unpack("<Q", size)[0]) if len(size) == 8 else b""
+        except (ConnectionResetError, BrokenPipeError):
+            size = reply = b""                      # hung up on us: reported by the caller
+        except socket.timeout:
+            raise RPCError(f"the RPC server at {endpoint} did not answer within {timeout} s: it "
+                           "is busy with another client (a ggml RPC server serves one at a "
+                           "time)") from None
+        except OSError as e:
+            raise RPCError(f"the RPC server at {endpoint} broke the connection: {e}") from None
+    return size, reply
 
 
 class Server:

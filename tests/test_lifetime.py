@@ -109,10 +109,10 @@ def growth(make, n=100_000):
     gc.collect()
     return proc.memory_info().rss - before
 
-out = {what: growth(make) for what, make in (
-    ("buffer", lambda: cpu.buffer_type.alloc(256)),
-    ("backend", cpu.backend),
-    ("event", rpc.event))}            # RPC events: a round trip each way
+makers = [("buffer", lambda: cpu.buffer_type.alloc(256)), ("backend", cpu.backend)]
+if rpc.caps.events:                   # RPC events (ggml 0.23.0+): a round trip each way
+    makers.append(("event", rpc.event))
+out = {what: growth(make) for what, make in makers}
 srv.close()
 print(json.dumps(out))
 """
