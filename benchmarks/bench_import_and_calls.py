@@ -9,18 +9,26 @@ import sys
 import timeit
 
 
-def import_time(module: str, runs: int = 15) -> float:
-    code = f"import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
+def import_time(statement: str, runs: int = 15) -> float:
+    """Median wall time of `statement` in fresh processes."""
+    code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
     times = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                   check=True).stdout) for _ in range(runs)]
     return statistics.median(times)
 
 
 def main():
-    np_t = import_time("numpy")
-    gg_t = import_time("ggml_py")
-    print(f"import numpy    {np_t * 1e3:7.1f} ms")
-    print(f"import ggml_py  {gg_t * 1e3:7.1f} ms  ({gg_t / np_t:.2f}x numpy; includes numpy)")
+    np_t = import_time("import numpy")
+    gg_t = import_time("import ggml_py")
+    use_t = import_time("import ggml_py as gg; gg.Tensor")
+    np_use_t = import_time("import numpy, ggml_py as gg; gg.Tensor")
+    print(f"import numpy                       {np_t * 1e3:7.1f} ms")
+    print(f"import ggml_py                     {gg_t * 1e3:7.1f} ms  ({(gg_t - np_t) * 1e3:+.1f} ms "
+          "vs numpy; the face is lazy: it finds the build and stops)")
+    print(f"import ggml_py, first use          {use_t * 1e3:7.1f} ms  ({(use_t - np_t) * 1e3:+.1f} ms "
+          "vs numpy; loads numpy, the library and the core)")
+    print(f"import numpy + ggml_py, first use  {np_use_t * 1e3:7.1f} ms  "
+          f"(ggml_py's own share {(np_use_t - np_t) * 1e3:+.1f} ms)")
 
     import ggml_py as gg
     ctx = gg.Context()

@@ -14,79 +14,150 @@ servers, by endpoint) -> ``_types`` -> ``_buffer`` -> ``_transfer`` -> ``_backen
 ``_event`` -> ``_device`` (registries, devices, buffer types) -> ``_tensor_base`` (tensor
 facts) -> ``ops`` (op builders by family) -> ``_tensor`` (Tensor and its operators) ->
 ``_context`` -> ``dlpack`` -> ``_graph`` -> ``_scheduler`` -> ``rpc``/``gguf`` (loaded on
-first use) -> this face. ``ggml_py.raw`` gives the generated bindings.
+first use) -> this face. ``ggml_py.raw`` gives the generated bindings. The face is lazy:
+``import ggml_py`` only finds the build (``_where``); the first name used loads the rest.
 """
 from __future__ import annotations
 
 import importlib as _importlib
+from typing import TYPE_CHECKING
 from typing import Any as _Any
 
-from . import ops
-from ._backend import Backend
-from ._buffer import Buffer, aligned_empty
-from ._context import Context
-from ._device import (BufferType, Caps, Device, DeviceList, Registry, device, devices,
-                      registries)
-from ._event import Event
-from ._graph import Graph
-from ._loader import BUILD, BUILD_DIR, ffi, lib
-from ._loader import cstr as _cstr
-from ._scheduler import Scheduler
-from ._tensor import Tensor
-from ._transfer import copy, copy_async
-from ._types import TYPES, GGMLType, quantize
-from .errors import (ClosedError, GGMLError, GGMLWarning, InvalidArgument, InvalidType,
-                     NotFound, OutOfMemory, RPCError, RPCVersionError, UnsupportedError)
-from .ops import *  # noqa: F401,F403  (ggml ops by their ggml names)
+from . import _where
+from .errors import ClosedError as ClosedError, GGMLError as GGMLError
+from .errors import GGMLWarning as GGMLWarning, InvalidArgument as InvalidArgument
+from .errors import InvalidType as InvalidType, NotFound as NotFound
+from .errors import OutOfMemory as OutOfMemory, RPCError as RPCError
+from .errors import RPCVersionError as RPCVersionError, UnsupportedError as UnsupportedError
 
 __version__ = "0.1.0"
 
-globals().update(TYPES)  # gg.f32, gg.f16, gg.q4_0, ...
+# `import ggml_py` finds the build (or raises ImportError saying what to run) and stops there:
+# the library and the modules over it load on first use of any name below (PEP 562), so an
+# import costs milliseconds; the first use pays the rest once (benchmarks/RESULTS.md).
+_where.check()
+
+if TYPE_CHECKING:                  # what type checkers and readers see: the whole face
+    from . import ops as ops
+    from ._backend import Backend as Backend
+    from ._buffer import Buffer as Buffer, aligned_empty as aligned_empty
+    from ._context import Context as Context
+    from ._device import (BufferType as BufferType, Caps as Caps, Device as Device,
+                          DeviceList as DeviceList, Registry as Registry, device as device,
+                          devices as devices, registries as registries)
+    from ._event import Event as Event
+    from ._graph import Graph as Graph
+    from ._loader import BUILD as BUILD, BUILD_DIR as BUILD_DIR, ffi as ffi, lib as lib
+    from ._scheduler import Scheduler as Scheduler
+    from ._tensor import Tensor as Tensor
+    from ._transfer import copy as copy, copy_async as copy_async
+    from ._types import TYPES as TYPES, GGMLType as GGMLType, quantize as quantize
+    from .ops import *  # noqa: F401,F403  (ggml ops by their ggml names)
+
+# the names of the face that do not depend on the release (ops and types do)
+_FACE = [
+    "__version__", "ggml_version", "ggml_commit", "build_info", "registries", "devices",
+    "device", "Registry", "Device", "DeviceList", "Caps", "BufferType", "Buffer", "Backend",
+    "Event", "Context", "Tensor", "Graph", "Scheduler", "GGMLType", "TYPES", "quantize",
+    "copy", "copy_async", "from_dlpack", "aligned_empty", "GGMLError", "ClosedError",
+    "UnsupportedError", "InvalidArgument", "InvalidType", "NotFound", "OutOfMemory",
+    "RPCError", "RPCVersionError", "GGMLWarning", "BUILD", "BUILD_DIR", "ffi", "lib", "ops",
+    "rpc", "gguf", "dlpack"]
+
+
+def _load() -> dict[str, _Any]:
+    """Load the build and the core modules, in the house's order, and put their names on
+    the package (once: later lookups find them in the module's dict)."""
+    global _loading
+    if "__all__" in globals():     # loaded already
+        return {}
+    if _loading:                   # a module of the core asked for the face while loading
+        raise AttributeError("ggml_py is still loading")
+    _loading = True
+    try:
+        return _load_core()
+    finally:
+        _loading = False
+
+
+_loading = False
+
+
+# where each name of the face lives, in the order the modules load (the house's order)
+_HOMES = {
+    "_backend": ("Backend",), "_buffer": ("Buffer", "aligned_empty"), "_context": ("Context",),
+    "_device": ("BufferType", "Caps", "Device", "DeviceList", "Registry", "device", "devices",
+                "registries"),
+    "_event": ("Event",), "_graph": ("Graph",), "_loader": ("BUILD", "BUILD_DIR", "ffi", "lib"),
+    "_scheduler": ("Scheduler",), "_tensor": ("Tensor",), "_transfer": ("copy", "copy_async"),
+    "_types": ("TYPES", "GGMLType", "quantize")}
+
+
+def _load_core() -> dict[str, _Any]:
+    ops = _importlib.import_module(f"{__name__}.ops")   # (not `from . import`: that would
+    names: dict[str, _Any] = {"ops": ops}               # ask __getattr__ again)
+    for module, attrs in _HOMES.items():
+        m = _importlib.import_module(f"{__name__}.{module}")
+        names.update((a, getattr(m, a)) for a in attrs)
+    TYPES = names["TYPES"]
+    names.update((n, getattr(ops, n)) for n in ops.__all__)
+    names.update(TYPES)                    # gg.f32, gg.f16, gg.q4_0, ...
+    names["__all__"] = [*_FACE, *ops.__all__, *TYPES]
+    globals().update(names)
+    return names
+
+
+_LAZY_MODULES = ("rpc", "dlpack", "gguf", "opt", "compare", "raw")
 
 
 def __getattr__(name: str) -> _Any:
     # gg.rpc, gg.gguf, gg.opt, gg.compare and DLPack load on first use: sockets,
     # subprocesses, GGUF parsing, training and the DLPack structs (parsed by cffi, about
     # 30 ms) are not needed by every import
-    if name in ("rpc", "dlpack", "gguf", "opt", "compare"):
+    if name in _LAZY_MODULES:
         return _importlib.import_module(f".{name}", __name__)
     if name == "from_dlpack":
         from .dlpack import from_dlpack
         return from_dlpack
+    if name.startswith("__") and name != "__all__":
+        raise AttributeError(f"module 'ggml_py' has no attribute {name!r}")
+    if "__all__" not in globals():   # the first use of the face: load it, then look again
+        names = _load()
+        if name in names:
+            return names[name]
+    if name.startswith("_"):         # a private module (gg._loader, gg._vulkan, ...)
+        try:
+            return _importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
     raise AttributeError(f"module 'ggml_py' has no attribute {name!r}")
 
 
 def ggml_version() -> str:
     """The upstream ggml release of the loaded library (e.g. "0.25.3")."""
+    from ._loader import BUILD, cstr, lib
     if hasattr(lib, "ggml_version"):
-        return _cstr(lib.ggml_version()) or str(BUILD["release"])
+        return cstr(lib.ggml_version()) or str(BUILD["release"])
     return str(BUILD["release"])
 
 
 def ggml_commit() -> str:
     """The ggml tree's own commit, as ggml's CMake found it when the library was built
     ("unknown" for trees extracted from a release's sdist, which carry no git history)."""
+    from ._loader import BUILD, cstr, lib
     if hasattr(lib, "ggml_commit"):
-        return _cstr(lib.ggml_commit()) or "unknown"
+        return cstr(lib.ggml_commit()) or "unknown"
     return str(BUILD.get("ggml_commit", "unknown"))
 
 
 def build_info() -> dict[str, _Any]:
     """Facts of the loaded build: folder, release, backends, bindings mode."""
+    from ._loader import BUILD, BUILD_DIR
     return {"folder": str(BUILD_DIR), "release": BUILD["release"], "backends": BUILD["backends"],
             "bindings": BUILD["bindings"], "functions": BUILD["functions"]}
 
 
-__all__ = [
-    "__version__", "ggml_version", "ggml_commit", "build_info", "registries", "devices", "device", "Registry",
-    "Device", "DeviceList", "Caps", "BufferType", "Buffer", "Backend", "Event", "Context",
-    "Tensor", "Graph", "Scheduler", "GGMLType", "TYPES", "quantize", "copy", "copy_async",
-    "from_dlpack", "aligned_empty", "GGMLError", "ClosedError", "UnsupportedError",
-    "InvalidArgument", "InvalidType", "NotFound", "OutOfMemory", "RPCError", "RPCVersionError",
-    "GGMLWarning", "BUILD", "BUILD_DIR", "ffi", "lib", "ops", "rpc", "gguf", "dlpack",
-    *ops.__all__, *TYPES,
-]
-
-
 def __dir__() -> list[str]:
-    return sorted(set(__all__))
+    names: list[str] = __getattr__("__all__") if "__all__" not in globals() else globals()["__all__"]
+    return sorted(set(names))
