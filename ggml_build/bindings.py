@@ -233,14 +233,26 @@ def generate(out: Path, include: Path, headers: list[str], libs: list[Path],
             "constants": len(consts), "headers": headers}
 
 
+# ggml_py's own C helpers (helpers.c), compiled into the API-mode module after the generated
+# bindings; ABI-mode bindings have none, and Python takes its own path there
+HELPERS_CDEF = """
+struct ggml_py_prep { int32_t status; int32_t need_alloc; struct ggml_tensor * tensor;
+                      int32_t n_index; };
+int ggml_py_prepare(struct ggml_cgraph * g, ggml_backend_t be, ggml_backend_dev_t dev,
+                    ggml_backend_dev_t cpu, int op_get_rows, int op_set_rows,
+                    struct ggml_tensor ** index_out, int index_cap, struct ggml_py_prep * out);
+"""
+
+
 def _compile_api(out: Path, include: Path, headers: list[str], libs: list[Path], cdef: str) -> None:
     import cffi
 
     ffi = cffi.FFI()
-    ffi.cdef(cdef)
+    ffi.cdef(cdef + HELPERS_CDEF)
     origin = "@loader_path" if sys.platform == "darwin" else "$ORIGIN"
+    helpers = (Path(__file__).with_name("helpers.c")).read_text()
     ffi.set_source(
-        MODULE, "".join(f'#include "{h}"\n' for h in headers),
+        MODULE, "".join(f'#include "{h}"\n' for h in headers) + helpers,
         include_dirs=[str(include)], library_dirs=[str(out)],
         libraries=[_link_name(p) for p in libs],
         extra_link_args=[f"-Wl,-rpath,{origin}"],

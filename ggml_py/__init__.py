@@ -114,8 +114,15 @@ def __getattr__(name: str) -> _Any:
     # gg.rpc, gg.gguf, gg.opt, gg.compare and DLPack load on first use: sockets,
     # subprocesses, GGUF parsing, training and the DLPack structs (parsed by cffi, about
     # 30 ms) are not needed by every import
-    if name in _LAZY_MODULES:
-        return _importlib.import_module(f".{name}", __name__)
+    if name in _LAZY_MODULES or name == "ops" or (name.startswith("_") and name[1:2] != "_"):
+        # a module of the package (gg.ops, gg.rpc, gg._loader, ...), and what `from . import
+        # ops` inside the package asks for: the module alone, whatever is loaded so far
+        try:
+            return _importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'ggml_py' has no attribute {name!r}") from None
     if name == "from_dlpack":
         from .dlpack import from_dlpack
         return from_dlpack
@@ -125,12 +132,6 @@ def __getattr__(name: str) -> _Any:
         names = _load()
         if name in names:
             return names[name]
-    if name.startswith("_"):         # a private module (gg._loader, gg._vulkan, ...)
-        try:
-            return _importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
     raise AttributeError(f"module 'ggml_py' has no attribute {name!r}")
 
 

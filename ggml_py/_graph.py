@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 _GET_ROWS, _SET_ROWS = int(lib.GGML_OP_GET_ROWS), int(lib.GGML_OP_SET_ROWS)
 _OP_NONE = int(lib.GGML_OP_NONE)
+_PREPARE: Any = getattr(lib, "ggml_py_prepare", None)    # the C helper (API-mode builds)
 _MAX_NODES = 1 << 24
 _MAX_SRC = int(lib.GGML_MAX_SRC)
 _WORDS = ffi.typeof("uintptr_t *")
@@ -207,6 +208,51 @@ class Graph:
             return
         dev = lib.ggml_backend_get_device(be)
         cpu = second_opinion(dev)             # (RPC devices: the CPU must support it too)
+        if _PREPARE is not None and not any(c.rewired for c in self._contexts):
+            need_alloc = self._prepare_in_c(backend, dev, cpu)
+        else:
+            need_alloc = self._prepare_in_python(backend, dev, cpu)
+        if need_alloc:
+            buft = lib.ggml_backend_get_default_buffer_type(be)
+            key = _addr(buft)
+            alloc = self._allocs.get(key)
+            if alloc is None:
+                raw = lib.ggml_gallocr_new(buft)
+                if raw == ffi.NULL:
+                    raise GGMLError("ggml_gallocr_new failed")
+                alloc = self._allocs[key] = Owned(
+                    raw, lib.ggml_gallocr_free, parents=(self.ctx,),
+                    guard=free_guard(lib.ggml_backend_buft_get_device(buft)))
+            if not lib.ggml_gallocr_alloc_graph(alloc.ptr, self.ptr):
+                raise GGMLError(f"compute: allocating the graph's nodes on {backend.name} "
+                                "failed (out of memory?)")
+        self._checked.add(backend)
+
+    def _prepare_in_c(self, backend: "Backend", dev: Any, cpu: Any) -> bool:
+        """prepare's pass in one C call (ggml_build/helpers.c); True when nodes need memory."""
+        n = self.n_nodes
+        index_out = ffi.new("struct ggml_tensor *[]", max(n, 1))
+        res = ffi.new("struct ggml_py_prep *")
+        status = _PREPARE(self.ptr, backend.ptr, dev, ffi.NULL if cpu is None else cpu,
+                          _GET_ROWS, _SET_ROWS, index_out, n, res)
+        t = res.tensor
+        if status == 1:
+            self._unsupported(backend, t)
+        elif status == 2:
+            self._no_memory(t)
+        elif status == 3:
+            self._usable(backend, t, t.buffer, set())
+        elif status == 4:
+            check(lib.ggml_backend_view_init(t), "view init")
+        if status:
+            raise GGMLError(f"compute: preparing the graph failed (status {status})")
+        if self._index_inputs is None:
+            self._index_inputs = [self._index_input(index_out[i]) for i in range(res.n_index)]
+        return bool(res.need_alloc)
+
+    def _prepare_in_python(self, backend: "Backend", dev: Any, cpu: Any) -> bool:
+        """prepare's pass in Python (ABI-mode bindings, builds without the C helper, and
+        graphs a scheduler rewired); True when nodes need memory."""
         supports = lib.ggml_backend_dev_supports_op
         usable: set[Any] = set()              # buffers the backend can use
         need_alloc = False
@@ -226,36 +272,30 @@ class Graph:
                 need_alloc = True
             op = t.op
             if op != _OP_NONE and (not supports(dev, t) or cpu is not None and not supports(cpu, t)):
-                name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
-                raise UnsupportedError(f"compute: backend {backend.name} does not support "
-                                       f"op {cstr(lib.ggml_op_desc(t))} of node {name!r}")
+                self._unsupported(backend, t)
             if op == _GET_ROWS or op == _SET_ROWS:
                 index_nodes.append(t)
         for t in self._leafs:
             if not t.data:
-                name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
-                raise InvalidArgument(f"compute: input tensor {name!r} has no memory: allocate "
-                                      "its context (ctx.alloc(backend)) and set its values first")
+                self._no_memory(t)
             buf = t.buffer
             if buf and buf not in usable:
                 self._usable(backend, t, buf, usable)
         if self._index_inputs is None:
             self._index_inputs = self._index_inputs_of(index_nodes)
-        if need_alloc:
-            buft = lib.ggml_backend_get_default_buffer_type(be)
-            key = _addr(buft)
-            alloc = self._allocs.get(key)
-            if alloc is None:
-                raw = lib.ggml_gallocr_new(buft)
-                if raw == ffi.NULL:
-                    raise GGMLError("ggml_gallocr_new failed")
-                alloc = self._allocs[key] = Owned(
-                    raw, lib.ggml_gallocr_free, parents=(self.ctx,),
-                    guard=free_guard(lib.ggml_backend_buft_get_device(buft)))
-            if not lib.ggml_gallocr_alloc_graph(alloc.ptr, self.ptr):
-                raise GGMLError(f"compute: allocating the graph's nodes on {backend.name} "
-                                "failed (out of memory?)")
-        self._checked.add(backend)
+        return need_alloc
+
+    @staticmethod
+    def _unsupported(backend: "Backend", t: Any) -> None:
+        name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
+        raise UnsupportedError(f"compute: backend {backend.name} does not support "
+                               f"op {cstr(lib.ggml_op_desc(t))} of node {name!r}")
+
+    @staticmethod
+    def _no_memory(t: Any) -> None:
+        name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
+        raise InvalidArgument(f"compute: input tensor {name!r} has no memory: allocate "
+                              "its context (ctx.alloc(backend)) and set its values first")
 
     @staticmethod
     def _usable(backend: "Backend", t: Any, buf: Any, usable: set[Any]) -> None:
@@ -280,15 +320,14 @@ class Graph:
         return self._index_inputs
 
     def _index_inputs_of(self, nodes: list[Any]) -> list[tuple[Any, int, str]]:
-        found = []
-        for t in nodes:
-            # get_rows: src = (table, indices); set_rows: src = (rows, indices, destination)
-            idx = t.src[1]
-            table = t.src[0] if int(t.op) == _GET_ROWS else t.src[2]
-            if _addr(idx) not in self._node_set:
-                found.append((idx, int(table.ne[1]),
-                              "get_rows" if int(t.op) == _GET_ROWS else "set_rows"))
-        return found
+        return [self._index_input(t) for t in nodes if _addr(t.src[1]) not in self._node_set]
+
+    @staticmethod
+    def _index_input(t: Any) -> tuple[Any, int, str]:
+        """(index tensor, rows it may address, op) of a get_rows/set_rows node `t`."""
+        # get_rows: src = (table, indices); set_rows: src = (rows, indices, destination)
+        table = t.src[0] if int(t.op) == _GET_ROWS else t.src[2]
+        return t.src[1], int(table.ne[1]), "get_rows" if int(t.op) == _GET_ROWS else "set_rows"
 
     def check_indices(self) -> None:
         """InvalidArgument when an index input holds a row number out of range."""

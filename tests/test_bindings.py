@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import ggml_py as gg
+from conftest import child_env
 from ggml_build import bindings
 
 BUILD = gg.BUILD_DIR
@@ -91,3 +92,23 @@ def test_missing_build_says_what_to_run(tmp_path):
     r = subprocess.run([sys.executable, "-c", "import ggml_py"], capture_output=True, text=True,
                        env=dict(os.environ, GGML_PY_BUILD=str(tmp_path)), timeout=60)
     assert r.returncode != 0 and "python build_ggml.py" in r.stderr
+
+
+def _package_modules():
+    import pkgutil
+    names = [m.name for m in pkgutil.walk_packages(gg.__path__, "ggml_py.")]
+    return [n for n in names if not n.startswith("ggml_py.lib") and not n.endswith("__main__")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", _package_modules())
+def test_any_module_imported_first_leaves_the_face_whole(module):
+    """The package's face is lazy (PEP 562): importing any of its modules first, before the
+    face loads, must not close an import circle, and the whole face works after it."""
+    code = (f"import {module}\nimport ggml_py as gg\n"
+            "assert None not in (gg.Tensor, gg.add, gg.f32) and 'Context' in dir(gg)\n"
+            "with gg.Context() as ctx:\n    t = ctx.tensor(gg.f32, (2,))\n"
+            "print('ok', len(gg.__all__))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env=child_env())
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-2000:]
