@@ -142,6 +142,30 @@ def mlp_pythonic(be, iters):
         return (time.perf_counter() - t0) / iters
 
 
+def mlp_pythonic_same_graph(be, iters):
+    """The tiny MLP with the raw loop's graph: weights stored as ggml wants them (each row a
+    column of the numpy weight) and gg.mul_mat, so no per-iteration copy of the weights (the
+    numpy-semantics `@` of a (64, 64) weight transposes and copies it: 7 nodes, not 3)."""
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((8, 64), dtype=np.float32)
+    with gg.Context() as ctx:
+        x = ctx.tensor(gg.f32, (8, 64))
+        w1t = ctx.from_numpy(rng.standard_normal((64, 64), dtype=np.float32).T.copy())
+        w2t = ctx.from_numpy(rng.standard_normal((64, 8), dtype=np.float32).T.copy())
+        ctx.alloc(be)
+        out = gg.mul_mat(w2t, gg.tanh(gg.mul_mat(w1t, x)))
+        g = gg.Graph(out)
+        res = np.empty((8, 8), np.float32)
+        x.set(x_np)
+        be.compute(g)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            x.set(x_np)
+            be.compute(g)
+            be.get(out, res)
+        return (time.perf_counter() - t0) / iters
+
+
 def mlp_raw(be, iters):
     rng = np.random.default_rng(0)
     x_np = rng.standard_normal((8, 64), dtype=np.float32)
@@ -234,6 +258,7 @@ def main():
           f"gallocr + compute {raw / n * 1e6:.2f} us/node ({py / raw:.2f}x)")
     with dev.backend(n_threads=1) as be:
         py = min(mlp_pythonic(be, 2000) for _ in range(3))
+        same = min(mlp_pythonic_same_graph(be, 2000) for _ in range(3))
         raw = min(mlp_raw(be, 2000) for _ in range(3))
         xs = np.random.default_rng(0).standard_normal((8, 64), dtype=np.float32)
         w1 = np.random.default_rng(1).standard_normal((64, 64), dtype=np.float32)
@@ -242,8 +267,11 @@ def main():
         for _ in range(2000):
             np.tanh(xs @ w1) @ w2
         npt = (time.perf_counter() - t0) / 2000
-    print(f"tiny MLP iteration (set, compute, get; 1 thread): ggml_py {py * 1e6:.1f} us, raw cffi "
-          f"{raw * 1e6:.1f} us ({py / raw:.2f}x), numpy {npt * 1e6:.1f} us")
+    print(f"tiny MLP iteration (set, compute, get; 1 thread): ggml_py, same graph as the raw "
+          f"loop (gg.mul_mat, 3 nodes) {same * 1e6:.1f} us; raw cffi {raw * 1e6:.1f} us "
+          f"({same / raw:.2f}x); ggml_py with numpy-semantics @ (7 nodes: the weights "
+          f"transposed and copied each time) {py * 1e6:.1f} us ({py / raw:.2f}x); numpy "
+          f"{npt * 1e6:.1f} us")
     with gg.Context() as ctx:
         t = ctx.tensor(gg.f32, (4, 8))
         reps = 200_000

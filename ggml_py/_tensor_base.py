@@ -96,7 +96,8 @@ class TensorBase:
     """A ggml tensor's facts; keeps the context that owns the tensor (and so its memory)
     alive."""
 
-    __slots__ = ("_p", "ctx", "_ndim", "_ne", "_nb", "_type", "_contig", "_shape", "__weakref__")
+    __slots__ = ("_p", "ctx", "_ndim", "_ne", "_nb", "_type", "_contig", "_shape", "_whole",
+                 "__weakref__")
 
     def __init__(self, p: Any, ctx: "Context", ndim: int | None = None,
                  type: T.GGMLType | None = None, ne: tuple[int, ...] | None = None,
@@ -112,6 +113,7 @@ class TensorBase:
         self._nb = nb
         self._shape = shape
         self._contig = contig
+        self._whole: tuple[Any, int] | tuple[()] | None = None    # see whole_transfer
 
     @property
     def ptr(self) -> Any:
@@ -170,6 +172,16 @@ class TensorBase:
     @property
     def nbytes(self) -> int:
         return int(lib.ggml_nbytes(self.ptr))
+
+    def whole_transfer(self) -> "tuple[Any, int] | None":
+        """(numpy dtype, element count) when the tensor is contiguous and of a plain type, so
+        that an array of that dtype and count, C-contiguous, copies in or out whole (its bytes
+        are the tensor's); None otherwise. Fixed once ggml made the tensor: asked once."""
+        w = self._whole
+        if w is None:
+            dt = self.type.numpy_dtype
+            w = self._whole = (dt, self.size) if dt is not None and self.is_contiguous else ()
+        return w if len(w) == 2 else None
 
     @property
     def name(self) -> str:

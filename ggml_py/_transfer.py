@@ -74,6 +74,13 @@ def _host_array(t: "Tensor", array: Any, offset: Any, *, writable: bool,
 
 
 def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:
+    whole = t.whole_transfer()
+    if (whole is not None and type(offset) is int and offset == 0 and type(array) is np.ndarray
+            and array.dtype is whole[0] and array.size == whole[1] and array.flags.c_contiguous):
+        with t.ctx._lock:          # the usual case: the checks below, already known to pass
+            lib.ggml_backend_tensor_set(t.require_memory("set"), ffi.from_buffer("void *", array),
+                                        0, array.nbytes)
+        return
     if (isinstance(array, np.ndarray) and t.dtype is None and array.dtype == np.float32
             and offset == 0 and array.size == t.size):
         array, _ = T.quantize(array.reshape(-1, t.ne[0]), t.type)  # quantize floats on the way in
@@ -85,6 +92,15 @@ def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:
 
 
 def blocking_get(t: "Tensor", out: Any, offset: Any = 0) -> np.ndarray:
+    whole = t.whole_transfer()
+    if (whole is not None and type(offset) is int and offset == 0 and type(out) is np.ndarray
+            and out.dtype is whole[0] and out.size == whole[1] and out.flags.c_contiguous
+            and out.flags.writeable):
+        with t.ctx._lock:          # the usual case: the checks below, already known to pass
+            lib.ggml_backend_tensor_get(t.require_memory("get"),
+                                        ffi.from_buffer("void *", out, require_writable=True),
+                                        0, out.nbytes)
+        return out
     out, offset = _host_array(t, out, offset, writable=True, what="get", memory=False)
     if out.nbytes:
         with t.ctx._lock:
