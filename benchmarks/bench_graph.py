@@ -120,40 +120,25 @@ def first_compute_raw(be, n):
         lib.ggml_free(ctx)
 
 
-def mlp_pythonic(be, iters):
-    """Tiny MLP (8x64 -> 64 -> 8): set the input, compute, read the output, per iteration."""
+def mlp_pythonic(be, iters, same_graph=False):
+    """Tiny MLP (8x64 -> 64 -> 8): set the input, compute, read the output, per iteration.
+
+    `same_graph`: the raw loop's graph, weights stored as ggml wants them (each row a column of
+    the numpy weight) and gg.mul_mat; otherwise numpy-semantics `@`, which transposes and
+    copies each (64, n) weight at every compute (7 nodes, not 3)."""
     rng = np.random.default_rng(0)
     x_np = rng.standard_normal((8, 64), dtype=np.float32)
+    w1, w2 = (rng.standard_normal(s, dtype=np.float32) for s in ((64, 64), (64, 8)))
     with gg.Context() as ctx:
         x = ctx.tensor(gg.f32, (8, 64))
-        w1 = ctx.from_numpy(rng.standard_normal((64, 64), dtype=np.float32))
-        w2 = ctx.from_numpy(rng.standard_normal((64, 8), dtype=np.float32))
-        ctx.alloc(be)
-        out = gg.tanh(x @ w1) @ w2
-        g = gg.Graph(out)
-        res = np.empty((8, 8), np.float32)
-        x.set(x_np)
-        be.compute(g)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            x.set(x_np)
-            be.compute(g)
-            be.get(out, res)
-        return (time.perf_counter() - t0) / iters
-
-
-def mlp_pythonic_same_graph(be, iters):
-    """The tiny MLP with the raw loop's graph: weights stored as ggml wants them (each row a
-    column of the numpy weight) and gg.mul_mat, so no per-iteration copy of the weights (the
-    numpy-semantics `@` of a (64, 64) weight transposes and copies it: 7 nodes, not 3)."""
-    rng = np.random.default_rng(0)
-    x_np = rng.standard_normal((8, 64), dtype=np.float32)
-    with gg.Context() as ctx:
-        x = ctx.tensor(gg.f32, (8, 64))
-        w1t = ctx.from_numpy(rng.standard_normal((64, 64), dtype=np.float32).T.copy())
-        w2t = ctx.from_numpy(rng.standard_normal((64, 8), dtype=np.float32).T.copy())
-        ctx.alloc(be)
-        out = gg.mul_mat(w2t, gg.tanh(gg.mul_mat(w1t, x)))
+        if same_graph:
+            w1t, w2t = ctx.from_numpy(w1.T.copy()), ctx.from_numpy(w2.T.copy())
+            ctx.alloc(be)
+            out = gg.mul_mat(w2t, gg.tanh(gg.mul_mat(w1t, x)))
+        else:
+            w1g, w2g = ctx.from_numpy(w1), ctx.from_numpy(w2)
+            ctx.alloc(be)
+            out = gg.tanh(x @ w1g) @ w2g
         g = gg.Graph(out)
         res = np.empty((8, 8), np.float32)
         x.set(x_np)
@@ -258,7 +243,7 @@ def main():
           f"gallocr + compute {raw / n * 1e6:.2f} us/node ({py / raw:.2f}x)")
     with dev.backend(n_threads=1) as be:
         py = min(mlp_pythonic(be, 2000) for _ in range(3))
-        same = min(mlp_pythonic_same_graph(be, 2000) for _ in range(3))
+        same = min(mlp_pythonic(be, 2000, same_graph=True) for _ in range(3))
         raw = min(mlp_raw(be, 2000) for _ in range(3))
         xs = np.random.default_rng(0).standard_normal((8, 64), dtype=np.float32)
         w1 = np.random.default_rng(1).standard_normal((64, 64), dtype=np.float32)
