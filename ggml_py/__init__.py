@@ -19,6 +19,7 @@ first use) -> this face. ``ggml_py.raw`` gives the generated bindings. The face 
 """
 from __future__ import annotations
 
+from _thread import RLock as _RLock
 import importlib as _importlib
 from typing import TYPE_CHECKING
 from typing import Any as _Any
@@ -65,22 +66,26 @@ _FACE = [
     "rpc", "gguf", "dlpack"]
 
 
-def _load() -> dict[str, _Any]:
+def _load() -> None:
     """Load the build and the core modules, in the house's order, and put their names on
-    the package (once: later lookups find them in the module's dict)."""
+    the package (once: later lookups find them in the module's dict). A second thread
+    waits for the first; a module of the core that asks for the face while it loads (same
+    thread) gets AttributeError, as from a module still being imported."""
     global _loading
-    if "__all__" in globals():     # loaded already
-        return {}
-    if _loading:                   # a module of the core asked for the face while loading
-        raise AttributeError("ggml_py is still loading")
-    _loading = True
-    try:
-        return _load_core()
-    finally:
-        _loading = False
+    with _load_lock:
+        if "__all__" in globals():     # loaded already (perhaps by another thread)
+            return
+        if _loading:
+            raise AttributeError("ggml_py is still loading")
+        _loading = True
+        try:
+            globals().update(_load_core())
+        finally:
+            _loading = False
 
 
 _loading = False
+_load_lock = _RLock()
 
 
 # where each name of the face lives, in the order the modules load (the house's order)
@@ -103,11 +108,11 @@ def _load_core() -> dict[str, _Any]:
     names.update((n, getattr(ops, n)) for n in ops.__all__)
     names.update(TYPES)                    # gg.f32, gg.f16, gg.q4_0, ...
     names["__all__"] = [*_FACE, *ops.__all__, *TYPES]
-    globals().update(names)
     return names
 
 
 _LAZY_MODULES = ("rpc", "dlpack", "gguf", "opt", "compare", "raw")
+_MISSING = object()
 
 
 def __getattr__(name: str) -> _Any:
@@ -129,9 +134,10 @@ def __getattr__(name: str) -> _Any:
     if name.startswith("__") and name != "__all__":
         raise AttributeError(f"module 'ggml_py' has no attribute {name!r}")
     if "__all__" not in globals():   # the first use of the face: load it, then look again
-        names = _load()
-        if name in names:
-            return names[name]
+        _load()
+        found = globals().get(name, _MISSING)
+        if found is not _MISSING:
+            return found
     raise AttributeError(f"module 'ggml_py' has no attribute {name!r}")
 
 
@@ -160,5 +166,5 @@ def build_info() -> dict[str, _Any]:
 
 
 def __dir__() -> list[str]:
-    names: list[str] = __getattr__("__all__") if "__all__" not in globals() else globals()["__all__"]
-    return sorted(set(names))
+    _load()
+    return sorted(set(globals()["__all__"]))

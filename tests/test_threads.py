@@ -145,3 +145,20 @@ def test_a_buffer_closed_while_another_thread_sets_tensors(cpu):
             errors = _run([setter, lambda: (started.wait(), buf.close())])
             assert not errors, errors[0]
             ctx.close()
+
+
+def test_threads_that_first_use_the_package_together_all_get_the_face():
+    """The face loads on first use (PEP 562): threads that first touch it at the same time
+    must all get the names, not an AttributeError while another thread loads."""
+    import subprocess
+    import sys
+    from conftest import child_env
+    code = ("import threading, ggml_py as gg\nerrs = []\nstart = threading.Barrier(8)\n"
+            "def use():\n    start.wait()\n    try:\n        gg.Tensor, gg.add, gg.f32, gg.Context\n"
+            "    except Exception as e:\n        errs.append(repr(e))\n"
+            "ts = [threading.Thread(target=use) for _ in range(8)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\nprint('errors', errs)")
+    for _ in range(5):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120, env=child_env())
+        assert r.returncode == 0 and r.stdout.strip() == "errors []", r.stdout + r.stderr[-2000:]
