@@ -7,10 +7,15 @@
 
     python benchmarks/bench_graph.py [--device CPU] [--size 1024] [--nodes 10000]
 
-ggml-python 0.0.45 (the old ctypes binding) is not compared: its wheel builds its own ggml
-from source at install time, and it pins ggml 0.0.x, whose API differs from ours.
+The ctypes peer, ggml-python 0.0.45 (hand-written ctypes over a ggml of its own, built at
+install time: `pip install ggml-python==0.0.45`, or `--target DIR` and GGML_PY_PEER_PATH=DIR),
+builds the same chain in a child process of this run when it is installed (its libggml and
+ours stay in separate processes).
 """
 import argparse
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -29,6 +34,36 @@ def build_pythonic(n):
         for _ in range(n):
             t = t + y
         return time.perf_counter() - t0
+
+
+PEER = """
+import time, ggml
+n, best = {n}, float("inf")
+for _ in range(3):
+    ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=ggml.ggml_tensor_overhead() * (n + 8),
+                                               mem_buffer=None, no_alloc=True))
+    x = ggml.ggml_new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 64)
+    y = ggml.ggml_new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 64)
+    t0 = time.perf_counter()
+    t = x
+    for _ in range(n):
+        t = ggml.ggml_add(ctx, t, y)
+    best = min(best, time.perf_counter() - t0)
+    ggml.ggml_free(ctx)
+print(best)
+"""
+
+
+def build_peer(n):
+    """The chain built through the ctypes peer (ggml-python 0.0.45) in a child process; None
+    when the peer is not installed."""
+    extra = os.environ.get("GGML_PY_PEER_PATH")
+    env = dict(os.environ)
+    if extra:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (extra, env.get("PYTHONPATH")) if p)
+    r = subprocess.run([sys.executable, "-c", PEER.format(n=n)], capture_output=True,
+                       text=True, env=env, cwd="/")
+    return float(r.stdout) if r.returncode == 0 else None
 
 
 def build_raw(n):
@@ -231,6 +266,12 @@ def main():
     raw = min(build_raw(n) for _ in range(3))
     print(f"build {n} adds: ggml_py {py / n * 1e6:.2f} us/node, raw cffi {raw / n * 1e6:.2f} us/node "
           f"({py / raw:.2f}x)")
+    peer = build_peer(n)
+    if peer is None:
+        print("  ctypes peer (ggml-python 0.0.45): not installed; pip install ggml-python==0.0.45")
+    else:
+        print(f"  ctypes peer (ggml-python 0.0.45, child process): {peer / n * 1e6:.2f} us/node; "
+              f"ggml_py is {py / peer:.2f}x the peer")
 
     py = min(build_and_graph_pythonic(n) for _ in range(3))
     raw = min(build_and_graph_raw(n) for _ in range(3))
