@@ -123,9 +123,16 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
     "graph capacity rule": (
         "ggml_py/_graph.py", "            require(capacity >= count,", "            require(True,",
         OPS("graph capacity too small")),
-    "graph input memory rule": (
+    # the input memory rule runs in C (ggml_build/helpers.c) where the bindings have it, in
+    # Python otherwise: the Python pass is guarded by the generator that compares both ways,
+    # the C pass's report by the refusal test
+    "graph input memory rule (Python pass)": (
         "ggml_py/_graph.py", "        for t in self._leafs:\n            if not t.data:",
-        "        for t in self._leafs:\n            if False:", OPS("compute unallocated")),
+        "        for t in self._leafs:\n            if False:",
+        ["tests/test_graph.py", "-k", "prepare_in_c_and_in_python_agree"]),
+    "graph input memory rule (C pass's report)": (
+        "ggml_py/_graph.py", "        elif status == 2:\n            self._no_memory(t)\n", "",
+        OPS("compute unallocated")),
     "scheduler CPU-last rule": (
         "ggml_py/_scheduler.py", 'require(backends[-1].device.type == "cpu",', "require(True,",
         OPS("scheduler without cpu last")),
