@@ -42,8 +42,8 @@ n, best = {n}, float("inf")
 for _ in range(3):
     ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=ggml.ggml_tensor_overhead() * (n + 8),
                                                mem_buffer=None, no_alloc=True))
-    x = ggml.ggml_new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 64)
-    y = ggml.ggml_new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 64)
+    x = ggml.ggml_new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 4096)   # (as build_raw's)
+    y = ggml.ggml_new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 4096)
     t0 = time.perf_counter()
     t = x
     for _ in range(n):

@@ -6,7 +6,7 @@ Async forms keep their host arrays and tensors alive in the backend until it syn
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 
@@ -73,11 +73,20 @@ def _host_array(t: "Tensor", array: Any, offset: Any, *, writable: bool,
     return array, int(offset)
 
 
-def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:
+def _whole(array: Any, t: "Tensor", offset: Any, writable: bool) -> "TypeGuard[np.ndarray]":
+    """Whether `array` copies into or out of `t` whole, at offset 0: then every check of
+    _host_array is known to pass (the usual case, on the hot path of a loop)."""
     whole = t.whole_transfer()
-    if (whole is not None and type(offset) is int and offset == 0 and type(array) is np.ndarray
-            and array.dtype is whole[0] and array.size == whole[1] and array.flags.c_contiguous):
-        with t.ctx._lock:          # the usual case: the checks below, already known to pass
+    if whole is None or type(offset) is not int or offset != 0 or type(array) is not np.ndarray:
+        return False
+    flags = array.flags
+    return (array.dtype is whole[0] and array.size == whole[1] and flags.c_contiguous
+            and (flags.writeable or not writable))
+
+
+def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:
+    if _whole(array, t, offset, writable=False):
+        with t.ctx._lock:
             lib.ggml_backend_tensor_set(t.require_memory("set"), ffi.from_buffer("void *", array),
                                         0, array.nbytes)
         return
@@ -92,11 +101,8 @@ def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:
 
 
 def blocking_get(t: "Tensor", out: Any, offset: Any = 0) -> np.ndarray:
-    whole = t.whole_transfer()
-    if (whole is not None and type(offset) is int and offset == 0 and type(out) is np.ndarray
-            and out.dtype is whole[0] and out.size == whole[1] and out.flags.c_contiguous
-            and out.flags.writeable):
-        with t.ctx._lock:          # the usual case: the checks below, already known to pass
+    if _whole(out, t, offset, writable=True):
+        with t.ctx._lock:
             lib.ggml_backend_tensor_get(t.require_memory("get"),
                                         ffi.from_buffer("void *", out, require_writable=True),
                                         0, out.nbytes)

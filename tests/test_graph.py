@@ -50,7 +50,6 @@ def _prepare_outcome(rpc_dev, steps, in_c):
         with gg.device("CPU").backend() as be, rpc_dev.backend() as rb, \
                 gg.Context() as ca, gg.Context() as cr, gg.Context() as cu:
             x = ca.from_numpy(xs, "x")
-            table = ca.from_numpy(xs, "table")
             dsts = [ca.from_numpy(xs, f"dst{i}") for i in range(len(steps))]   # (set_rows
             # writes in place: a destination of its own per step, never the rows it reads)
             order = np.array([5, 0, 2, 1, 4, 3], np.int32)
@@ -59,7 +58,7 @@ def _prepare_outcome(rpc_dev, steps, in_c):
             u = cu.tensor(gg.f32, (6, 4), "u")
             ca.alloc(be)
             cr.alloc(rb)
-            for t, v in ((x, xs), (table, xs), (idx, order), (r, xs), *((d, xs) for d in dsts)):
+            for t, v in ((x, xs), (idx, order), (r, xs), *((d, xs) for d in dsts)):
                 t.set(v)
             t = x
             for i, s in enumerate(steps):
