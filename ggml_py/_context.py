@@ -51,6 +51,11 @@ class _Export:
         self.memory: list[Any] = []
 
 
+def _free_metadata(raws: list[Any]) -> None:
+    for raw in raws:
+        lib.ggml_free(raw)
+
+
 class _Chunk(Owned):
     """One ``ggml_context`` of a Context (a new one opens when the last fills)."""
 
@@ -371,6 +376,15 @@ class Context(Owned):
                 for token in exports:
                     token.memory.extend(memory)
             self._keep = []
+            # the tensors' metadata (this context's ggml memory) is freed when the Context
+            # object is collected, not here: a Tensor, a Graph or a context that reads these
+            # tensors keeps it, so a thread that checked "open" just before this close, or
+            # ggml walking a closed operand's record, reads a record instead of freed memory
+            # (data is what close() frees: the buffers; the records then raise ClosedError)
+            metadata = [self._raw] + [c._raw for c in self._chunks if c._raw is not None]
+            for h in (self, *self._chunks):
+                h._finalizer.detach()
+            weakref.finalize(self, _free_metadata, metadata)
             super().close()        # closes the chunks and buffers (children) first
             self._buffers = []
             self._pending = []

@@ -70,6 +70,27 @@ def _count_nodes(outs: list[Tensor]) -> int:
     return len(seen)
 
 
+def _refuse_closed_operands(outs: list[Tensor], closed: list[Context]) -> None:
+    """ClosedError when a tensor the graph reaches lives in a closed context (ggml would walk
+    freed memory). Only run when a context the outputs' contexts use was closed: a walk that
+    never reads a tensor of a closed context, so a graph that does not reach one is built."""
+    seen: set[int] = set()
+    stack = [t.ptr for t in outs]
+    null = ffi.NULL
+    while stack:
+        p = stack.pop()
+        k = _addr(p)
+        if k in seen:
+            continue
+        seen.add(k)
+        if any(c.owns(p) for c in closed):
+            raise ClosedError("Graph: a tensor this graph reads lives in a closed context "
+                              "(close a context only after the tensors built from it)")
+        for s in (*p.src, p.view_src):
+            if s != null:
+                stack.append(s)
+
+
 class Graph:
     """A forward graph over `outputs` (a tensor or a list of tensors)."""
 
@@ -79,14 +100,37 @@ class Graph:
         require(bool(outs) and all(isinstance(t, Tensor) for t in outs or ()),
                 "Graph: needs a Tensor or a non-empty list of Tensors", InvalidType)
         assert outs is not None
-        for t in outs:
-            t.ptr                            # ClosedError for a tensor of a closed context
         self.outputs = outs
         self.ctx: Context = outs[0].ctx
+        self._allocs: dict[int, Owned] = {}
+        self._checked: weakref.WeakSet[Backend] = weakref.WeakSet()  # validated and allocated
+        self._index_inputs: list[tuple[Any, int, str]] | None = None
+        self._nodes: list[Any] | None = None    # the walk (see walk())
+        self._leafs: list[Any] = []
+        self._node_set: set[Any] = set()
+        self.scheduler: Any = None          # the scheduler that placed it last, if any
         contexts: dict[int, Context] = {}
         for t in outs:
-            for c in t.ctx.contexts():
+            for c in t.ctx.contexts(include_closed=True):
                 contexts[id(c)] = c
+        with contextlib.ExitStack() as stack:
+            # every context holding a tensor of the graph stays open while ggml walks it:
+            # another thread closing one waits until the graph is built (locks sorted by id,
+            # the order compute and the op builders take them in)
+            for c in sorted(contexts.values(), key=id):
+                stack.enter_context(c._lock)
+            for t in outs:
+                t.ptr                        # ClosedError for a tensor of a closed context
+            closed = [c for c in contexts.values() if c.closed]
+            if closed:
+                _refuse_closed_operands(outs, closed)
+                contexts = {k: c for k, c in contexts.items() if not c.closed}
+            self._build(outs, contexts, capacity)
+            self.ctx.keep(self)  # node memory placed by the allocator lives with the context
+
+    def _build(self, outs: list[Tensor], contexts: dict[int, "Context"],
+               capacity: int | None) -> None:
+        """The graph's memory and nodes; the caller holds the locks of `contexts`."""
         # a scheduler may point nodes of these contexts at its own copies: they get their
         # sources back before anything walks them (that scheduler splits again next time)
         give_back_rewired(contexts)
@@ -117,14 +161,6 @@ class Graph:
         for t in outs:
             lib.ggml_set_output(t.ptr)
             lib.ggml_build_forward_expand(self.ptr, t.ptr)
-        self._allocs: dict[int, Owned] = {}
-        self._checked: weakref.WeakSet[Backend] = weakref.WeakSet()  # validated and allocated
-        self._index_inputs: list[tuple[Any, int, str]] | None = None
-        self._nodes: list[Any] | None = None    # the walk (see walk())
-        self._leafs: list[Any] = []
-        self._node_set: set[Any] = set()
-        self.scheduler: Any = None          # the scheduler that placed it last, if any
-        self.ctx.keep(self)  # node memory placed by the allocator lives with the context
 
     # -- structure ---------------------------------------------------------------------------
     @property

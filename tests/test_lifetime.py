@@ -225,3 +225,119 @@ def test_zero_copy_exports_keep_memory_whatever_closes_first():
     last = [line for line in r.stdout.splitlines() if line.startswith("CASE")][-1:]
     assert r.returncode == 0, f"{last}: {r.stderr[-2000:]}"
     assert r.stdout.strip().splitlines()[-1] == "ALL 52"
+
+
+PROGRAMS = """
+import random, sys, numpy as np, ggml_py as gg
+seed, n = int(sys.argv[1]), int(sys.argv[2])
+be = gg.device("CPU").backend()
+counts = {"computed": 0, "refused": 0}
+UNARY = [("relu", gg.relu, lambda x: np.maximum(x, 0)), ("neg", lambda t: -t, lambda x: -x),
+         ("T", lambda t: gg.cont(gg.transpose(t)), lambda x: x.T),
+         ("view", lambda t: gg.transpose(t), lambda x: x.T), ("scale", lambda t: t * 0.5, lambda x: x * 0.5)]
+BINARY = [("add", lambda a, b: a + b, np.add), ("mul", lambda a, b: a * b, np.multiply),
+          ("matmul", lambda a, b: a @ b, lambda x, y: x @ y),
+          ("cpy", lambda a, b: gg.cpy(a, fresh(b)), lambda x, y: x)]
+
+
+def fresh(b):
+    # a new allocated tensor in b's context (cpy writes into its destination: a fresh one
+    # keeps every other tensor's reference value)
+    d = b.ctx.tensor(gg.f32, (4, 4))
+    b.ctx.alloc(be)
+    return d
+
+
+for prog in range(n):
+    rng = random.Random(seed * 100003 + prog)
+    print("PROGRAM", seed, prog, flush=True)
+    ctxs, live = [], []          # live: (tensor, reference value, contexts it reaches)
+    for step in range(rng.randint(4, 24)):
+        what = rng.choice(["ctx", "input", "input", "unary", "binary", "binary", "close",
+                           "graph", "graph", "read"])
+        if what == "ctx" or not ctxs:
+            ctxs.append(gg.Context(capacity=rng.choice([8, 64, 1024])))
+            continue
+        if what == "input":
+            c = rng.choice(ctxs)
+            x = np.asarray(rng.choice([-1.0, 0.5, 2.0]) * np.arange(16, dtype=np.float32).reshape(4, 4) - 3)
+            try:
+                t = c.from_numpy(x)
+                c.alloc(be)
+            except gg.ClosedError:
+                assert c.closed
+                counts["refused"] += 1
+                continue
+            live.append((t, x, {id(c)}))
+            continue
+        if not live:
+            continue
+        if what == "unary":
+            t, x, reach = rng.choice(live)
+            name, f, ref = rng.choice(UNARY)
+            try:
+                live.append((f(t), ref(x), reach))
+            except gg.ClosedError:
+                assert any(c.closed for c in ctxs if id(c) in reach), "refused, yet all open"
+                counts["refused"] += 1
+            except gg.GGMLError as e:       # the op's own rules (strided rows, ...)
+                assert "closed" not in str(e), e
+        elif what == "binary":
+            (a, x, ra), (b, y, rb) = rng.choice(live), rng.choice(live)
+            name, f, ref = rng.choice(BINARY)
+            reach = ra | ({id(b.ctx)} if name == "cpy" else rb)   # (cpy reads a, writes b's context)
+            try:
+                live.append((f(a, b), ref(x, y), reach))
+            except gg.ClosedError:
+                assert any(c.closed for c in ctxs if id(c) in reach), "refused, yet all open"
+                counts["refused"] += 1
+            except gg.GGMLError as e:       # the op's own rules (strided rows, ...)
+                assert "closed" not in str(e), e
+        elif what == "close":
+            rng.choice(ctxs).close()
+        elif what == "read":
+            t, x, reach = rng.choice(live)
+            try:
+                t.op, t.shape, t.src
+            except gg.ClosedError:
+                assert any(c.closed for c in ctxs if id(c) in reach)
+                counts["refused"] += 1
+        else:
+            t, x, reach = rng.choice(live)
+            try:
+                out = gg.cont(t)           # (views are read through a contiguous copy)
+                be.compute(gg.Graph(out))
+                got = out.numpy(copy=True)
+            except gg.ClosedError:
+                assert any(c.closed for c in ctxs if id(c) in reach), "refused, yet all open"
+                counts["refused"] += 1
+                continue
+            except gg.InvalidArgument as e:
+                # a buffer given back by a closed context leaves its tensors without memory
+                assert "no memory" in str(e) or "closed" in str(e), e
+                counts["refused"] += 1
+                continue
+            assert not any(c.closed for c in ctxs if id(c) in reach), "computed over a closed context"
+            assert np.allclose(got, x, rtol=1e-5, atol=1e-4), (got, x)
+            counts["computed"] += 1
+    for c in ctxs:
+        c.close()
+print("COUNTS", counts["computed"], counts["refused"])
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_programs_of_contexts_ops_closes_and_graphs_never_crash(seed):
+    # The lifetime class as a generator: random programs over several contexts (inputs, ops
+    # across contexts, views, copies, closes in any order, graphs, reads). Every step either
+    # gives numpy's value or raises ClosedError when (and only when) a context it reaches
+    # was closed. A child process: a read of freed memory may fault.
+    import subprocess
+    import sys
+    from conftest import child_env
+    r = subprocess.run([sys.executable, "-c", PROGRAMS, str(seed), "300"], capture_output=True,
+                       text=True, timeout=600, env=child_env())
+    last = [line for line in r.stdout.splitlines() if line.startswith("PROGRAM")][-1:]
+    assert r.returncode == 0, f"{last}: {r.stderr[-3000:]}"
+    computed, refused = map(int, r.stdout.strip().splitlines()[-1].split()[1:])
+    assert computed > 100 and refused > 50, (computed, refused)
