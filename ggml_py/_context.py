@@ -51,6 +51,15 @@ class _Export:
         self.memory: list[Any] = []
 
 
+def _init_view(p: Any) -> None:
+    """A view of allocated memory is usable at once (called holding the context's lock: a
+    buffer closing meanwhile takes it first, so the source's memory cannot go under ggml)."""
+    src = p.view_src
+    if src != ffi.NULL and src.buffer != ffi.NULL and p.buffer == ffi.NULL:
+        ensure_alive(buffer_device(src.buffer))   # (init_tensor may be remote)
+        lib.ggml_backend_view_init(p)
+
+
 def _free_metadata(raws: list[Any]) -> None:
     for raw in raws:
         lib.ggml_free(raw)
@@ -141,7 +150,7 @@ class Context(Owned):
         an operand whose shape and type the (new, contiguous) result has."""
         for u in uses:
             if u.ctx is not self:
-                p = self._build_shared(fn, args, uses, room)
+                p = self._build_shared(fn, args, uses, room, view)
                 break
         else:                                   # (the common case: operands of this context)
             lock = self._lock
@@ -155,15 +164,12 @@ class Context(Owned):
                     p = fn(self._head, *args)
                 else:
                     p = fn(self._room(room), *args)
+                if view and p:
+                    _init_view(p)
             finally:
                 lock.release()
         if not p:                               # (NULL; cheaper than == ffi.NULL)
             raise GGMLError("ggml returned no tensor")
-        if view:
-            src = p.view_src
-            if src != ffi.NULL and src.buffer != ffi.NULL and p.buffer == ffi.NULL:
-                ensure_alive(buffer_device(src.buffer))   # (init_tensor may be remote)
-                lib.ggml_backend_view_init(p)   # a view of allocated memory is usable at once
         if like is not None:
             tt, ne = like._type, like._ne
             if tt is not None and ne is not None and tt._block == 1:
@@ -177,7 +183,7 @@ class Context(Owned):
         return Tensor(p, self, ndim)
 
     def _build_shared(self, fn: Callable[..., Any], args: Iterable[Any],
-                      uses: Iterable[TensorBase], room: int) -> Any:
+                      uses: Iterable[TensorBase], room: int, view: bool) -> Any:
         """build() with operands of other contexts: they are recorded as this context's
         dependencies, and locked too, so another thread closing one of them waits until
         ggml has read the operand, and a context closed meanwhile raises here."""
@@ -190,7 +196,10 @@ class Context(Owned):
                 stack.enter_context(c._lock)
                 if c._raw is None:
                     raise ClosedError("an operand's context is closed")
-            return fn(self._room(room), *args)
+            p = fn(self._room(room), *args)
+            if view and p:
+                _init_view(p)
+            return p
 
     def wrap(self, p: Any, ndim: int | None = None) -> Tensor:
         """A raw tensor of this context as a Tensor."""

@@ -5,6 +5,7 @@ Async forms keep their host arrays and tensors alive in the backend until it syn
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -17,6 +18,18 @@ from .errors import InvalidArgument, InvalidType, require
 if TYPE_CHECKING:
     from ._backend import Backend
     from ._tensor import Tensor
+
+
+def _holding(backends: tuple["Backend", ...], tensors: tuple["Tensor", ...]) -> contextlib.ExitStack:
+    """The locks of `backends`, then of the tensors' contexts, each group sorted (the order
+    compute takes them in): a context or buffer closing in another thread waits until ggml
+    is done with the bytes, and two copies in opposite directions cannot deadlock."""
+    stack = contextlib.ExitStack()
+    for b in sorted({id(b): b for b in backends}.values(), key=id):
+        stack.enter_context(b._lock)
+    for c in sorted({id(t.ctx): t.ctx for t in tensors}.values(), key=id):
+        stack.enter_context(c._lock)
+    return stack
 
 
 def _offset(offset: Any, what: str) -> int:
@@ -165,24 +178,26 @@ def _same_device(t: "Tensor", backend: "Backend", role: str, *, strict: bool = F
 
 
 def set_async(backend: "Backend", t: "Tensor", array: Any, offset: Any = 0) -> None:
-    array, offset = _host_array(t, array, offset, writable=False, what="set_async")
-    _same_device(t, backend, "the", strict=True)
-    with backend._lock:
+    with _holding((backend,), (t,)):     # (checks too: a buffer may close meanwhile)
+        array, offset = _host_array(t, array, offset, writable=False, what="set_async")
+        _same_device(t, backend, "the", strict=True)
         backend.ensure_alive()
+        p = t.ptr
         backend.keep_until_synchronized((t, array))
         if array.nbytes:
-            lib.ggml_backend_tensor_set_async(backend.ptr, t.ptr, ffi.from_buffer("void *", array),
+            lib.ggml_backend_tensor_set_async(backend.ptr, p, ffi.from_buffer("void *", array),
                                               offset, array.nbytes)
 
 
 def get_async(backend: "Backend", t: "Tensor", out: Any, offset: Any = 0) -> np.ndarray:
-    out, offset = _host_array(t, out, offset, writable=True, what="get_async")
-    _same_device(t, backend, "the", strict=True)
-    with backend._lock:
+    with _holding((backend,), (t,)):     # (checks too: a buffer may close meanwhile)
+        out, offset = _host_array(t, out, offset, writable=True, what="get_async")
+        _same_device(t, backend, "the", strict=True)
         backend.ensure_alive()
+        p = t.ptr
         backend.keep_until_synchronized((t, out))
         if out.nbytes:
-            lib.ggml_backend_tensor_get_async(backend.ptr, t.ptr,
+            lib.ggml_backend_tensor_get_async(backend.ptr, p,
                                               ffi.from_buffer("void *", out, require_writable=True),
                                               offset, out.nbytes)
     result: np.ndarray = out
@@ -213,21 +228,21 @@ def copy_async(src: "Tensor", dst: "Tensor", src_backend: "Backend", dst_backend
     for be, role in ((src_backend, "src_backend"), (dst_backend, "dst_backend")):
         require(hasattr(be, "keep_until_synchronized"),
                 f"copy_async: {role} must be a Backend, not {type(be).__name__}", InvalidType)
-    src.require_memory("copy_async source")
-    dst.require_memory("copy_async destination")
-    require(src.type == dst.type,
-            f"copy_async: types differ ({src.type.name} -> {dst.type.name})", InvalidType)
-    require(src.ne == dst.ne, f"copy_async: shapes differ ({src.shape} -> {dst.shape})")
-    require(src.nb == dst.nb, "copy_async: layouts differ (strides); copy contiguous tensors")
-    require(src._p != dst._p, "copy_async: source and destination are the same tensor")
-    _same_device(src, src_backend, "the source")
-    _same_device(dst, dst_backend, "the destination")
-    src_backend.ensure_alive()
-    dst_backend.ensure_alive()
-    with src_backend._lock, dst_backend._lock:
+    with _holding((src_backend, dst_backend), (src, dst)):   # (a buffer may close meanwhile)
+        ps = src.require_memory("copy_async source")
+        pd = dst.require_memory("copy_async destination")
+        require(src.type == dst.type,
+                f"copy_async: types differ ({src.type.name} -> {dst.type.name})", InvalidType)
+        require(src.ne == dst.ne, f"copy_async: shapes differ ({src.shape} -> {dst.shape})")
+        require(src.nb == dst.nb, "copy_async: layouts differ (strides); copy contiguous tensors")
+        require(src._p != dst._p, "copy_async: source and destination are the same tensor")
+        _same_device(src, src_backend, "the source")
+        _same_device(dst, dst_backend, "the destination")
+        src_backend.ensure_alive()
+        dst_backend.ensure_alive()
         src_backend.keep_until_synchronized(src)
         dst_backend.keep_until_synchronized((src, dst))
-        lib.ggml_backend_tensor_copy_async(src_backend.ptr, dst_backend.ptr, src.ptr, dst.ptr)
+        lib.ggml_backend_tensor_copy_async(src_backend.ptr, dst_backend.ptr, ps, pd)
 
 
 def _tensor(t: Any, what: str, role: str) -> None:
@@ -239,10 +254,10 @@ def copy(src: "Tensor", dst: "Tensor") -> None:
     """Blocking copy between tensors on any devices (``ggml_backend_tensor_copy``)."""
     _tensor(src, "copy", "src")
     _tensor(dst, "copy", "dst")
-    src.require_memory("copy source")
-    dst.require_memory("copy destination")
-    require(src.type == dst.type and src.ne == dst.ne and src.nb == dst.nb,
-            f"copy: tensors differ in type or layout ({src.type.name}{src.shape} -> "
-            f"{dst.type.name}{dst.shape})")
-    require(src._p != dst._p, "copy: source and destination are the same tensor")
-    lib.ggml_backend_tensor_copy(src.ptr, dst.ptr)
+    with _holding((), (src, dst)):        # (checks too: a buffer may close meanwhile)
+        ps, pd = src.require_memory("copy source"), dst.require_memory("copy destination")
+        require(src.type == dst.type and src.ne == dst.ne and src.nb == dst.nb,
+                f"copy: tensors differ in type or layout ({src.type.name}{src.shape} -> "
+                f"{dst.type.name}{dst.shape})")
+        require(src._p != dst._p, "copy: source and destination are the same tensor")
+        lib.ggml_backend_tensor_copy(ps, pd)
