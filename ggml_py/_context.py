@@ -135,6 +135,10 @@ class Context(Owned):
         """How many tensors (ops, views, inputs) this context holds."""
         return sum(int(lib.ggml_used_mem(r)) for r in self._raws()) // _OBJ
 
+    def spans(self) -> list[tuple[int, int]]:
+        """The address ranges of this context's tensor records, one per chunk."""
+        return list(self._spans)
+
     def owns(self, raw_tensor: Any) -> bool:
         """Whether the raw tensor's metadata lives in this context's memory."""
         a = int(ffi.cast("uintptr_t", raw_tensor))

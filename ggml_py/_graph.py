@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
+from . import _handle
 from ._handle import Owned
 from ._liveness import free_guard, second_opinion
 from ._loader import cstr, ffi, lib
@@ -104,6 +105,12 @@ class Graph:
         self.ctx: Context = outs[0].ctx
         self._allocs: dict[int, Owned] = {}
         self._checked: weakref.WeakSet[Backend] = weakref.WeakSet()  # validated and allocated
+        self._epoch = _handle.EPOCH          # (closes since: see prepare)
+        # the backend the last compute ran on, when nothing needs a check per compute there
+        # (no RPC liveness, no index inputs): with nothing closed since, the next compute on
+        # it goes straight to ggml
+        self._fast: weakref.ref[Backend] | None = None
+        self._fast_epoch = -1
         self._index_inputs: list[tuple[Any, int, str]] | None = None
         self._nodes: list[Any] | None = None    # the walk (see walk())
         self._leafs: list[Any] = []
@@ -153,14 +160,32 @@ class Graph:
         raw = lib.ggml_init(params[0])
         if raw == ffi.NULL:
             raise GGMLError("Graph: ggml_init failed for the graph")
-        # every context holding a node or leaf: a closed one would leave the graph pointing
-        # into freed memory, so computing then raises instead
-        self._contexts = list(contexts.values())
+        try:
+            self._contexts = list(contexts.values())
+            self.ptr = lib.ggml_new_graph_custom(raw, n, False)
+            for t in outs:
+                lib.ggml_set_output(t.ptr)
+                lib.ggml_build_forward_expand(self.ptr, t.ptr)
+            if len(self._contexts) > 1:
+                self._contexts = self._reached(self._contexts)
+        except BaseException:
+            lib.ggml_free(raw)
+            raise
+        # every context holding a node or leaf (and only those): a closed one would leave the
+        # graph pointing into freed memory, so computing then raises instead
         self._meta = _GraphMemory(raw, lib.ggml_free, parents=tuple(self._contexts))
-        self.ptr = lib.ggml_new_graph_custom(raw, n, False)
-        for t in outs:
-            lib.ggml_set_output(t.ptr)
-            lib.ggml_build_forward_expand(self.ptr, t.ptr)
+
+    def _reached(self, contexts: list["Context"]) -> list["Context"]:
+        """The contexts of `contexts` that hold a node or leaf of this graph (a context the
+        outputs' contexts use for other tensors is none of the graph's business: closing it
+        leaves this graph alone)."""
+        entries = list(self.walk())                  # (kept: the first compute uses it)
+        addrs = np.array([_addr(t) for t, _ in entries], np.uint64)
+        out = []
+        for c in contexts:
+            if c is self.ctx or any(np.any((addrs >= lo) & (addrs < hi)) for lo, hi in c.spans()):
+                out.append(c)
+        return out
 
     # -- structure ---------------------------------------------------------------------------
     @property
@@ -227,6 +252,7 @@ class Graph:
         """Its nodes must be validated and placed again before the next compute (a scheduler
         took their memory back)."""
         self._checked = weakref.WeakSet()
+        self._fast = None
 
     # -- checks ------------------------------------------------------------------------------
     def prepare(self, backend: "Backend") -> None:
@@ -240,6 +266,11 @@ class Graph:
         leaf must hold memory."""
         self.require_open()
         be = backend.ptr
+        if self._epoch != _handle.EPOCH:
+            # something closed since the last check (a buffer under a leaf, a backend...):
+            # validated is no longer known
+            self._checked = weakref.WeakSet()
+            self._epoch = _handle.EPOCH
         if backend in self._checked:
             return
         dev = lib.ggml_backend_get_device(be)
@@ -383,7 +414,14 @@ class Graph:
     def compute_on(self, backend: "Backend", *, asynchronous: bool) -> None:
         """What ``backend.compute(graph)`` runs: checks, allocation, then ggml's compute."""
         if len(self._contexts) == 1:
-            with backend._lock, self._contexts[0]._lock:
+            ctx = self._contexts[0]
+            with backend._lock, ctx._lock:
+                fast = self._fast
+                if (fast is not None and self._fast_epoch == _handle.EPOCH and not asynchronous
+                        and fast() is backend and not ctx.rewired):
+                    # validated for this backend and nothing closed or rewired since
+                    check(lib.ggml_backend_graph_compute(backend._raw, self.ptr), "graph compute")
+                    return
                 self._compute_locked(backend, asynchronous)
             return
         with contextlib.ExitStack() as stack:
@@ -405,6 +443,10 @@ class Graph:
             check(lib.ggml_backend_graph_compute_async(backend.ptr, self.ptr), "graph compute")
         else:
             check(lib.ggml_backend_graph_compute(backend.ptr, self.ptr), "graph compute")
+        # the fast path's conditions: nothing here needs checking per compute
+        self._fast = weakref.ref(backend) if backend._guard is None and not self._index_inputs \
+            else None
+        self._fast_epoch = self._epoch
 
     # -- pictures ----------------------------------------------------------------------------
     def to_dot(self, path: str | None = None) -> str:

@@ -22,6 +22,11 @@ from .errors import ClosedError, GGMLWarning
 
 LIVE: "weakref.WeakSet[Owned]" = weakref.WeakSet()   # every open owned object
 
+# Bumped by every close: what was checked before (a graph validated for a backend, a
+# scheduler's placement) may point into memory that is gone, so it is checked again. Read as
+# ``_handle.EPOCH`` (two closes racing may bump it once: it changes, which is what counts).
+EPOCH = 0
+
 _O = TypeVar("_O", bound="Owned")
 
 
@@ -76,6 +81,8 @@ class Owned:
                 return
             for child in list(self._children):
                 child.close()
+            global EPOCH
+            EPOCH += 1
             self._raw = None
             self._finalizer()
 

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from ._backend import Backend
 from ._graph import Graph
+from . import _handle
 from ._handle import Owned, hand_over
 from ._liveness import endpoint_of, supports_op
 from ._loader import cstr, ffi, lib
@@ -81,6 +82,7 @@ class Scheduler(Owned):
         # its buffers to them (Context.export registers them here)
         self._exports: weakref.WeakSet[Any] = weakref.WeakSet()
         self._wired = False      # the placed graph's split nodes read its copies (rewired)
+        self._epoch = _handle.EPOCH   # closes seen when the placement was last checked
 
     @property
     def graph(self) -> Graph | None:
@@ -168,6 +170,7 @@ class Scheduler(Owned):
                 for c in graph.contexts:       # (one of them holds the node)
                     c.rewired[_addr(t)] = (self, srcs)
         self._wired = True
+        self._epoch = _handle.EPOCH
         # a node that had memory before (another graph's allocation placed it) stays where it
         # is, and ggml runs it on the backend it was pinned to or chose, in place: that
         # backend must be able to use the memory (ggml does not check, and computes garbage)
@@ -223,8 +226,21 @@ class Scheduler(Owned):
             graph.require_open()           # before reading its index inputs
             if not self._wired or not any(entry[0] is graph for entry in self._placed):
                 self._alloc(graph, inputs_set=True)
+            elif self._epoch != _handle.EPOCH:
+                self._recheck(graph)
             graph.check_indices()
             check(fn(self.ptr, graph.ptr), "scheduled graph compute")
+
+    def _recheck(self, graph: Graph) -> None:
+        """Something closed since the graph was placed: every tensor it did not place itself
+        must still have memory (a buffer closed under a leaf or a view leaves it without)."""
+        mine = {_addr(t) for g, placed, _ in self._placed if g is graph for t in placed}
+        for t, _ in graph.walk():
+            if t.data == ffi.NULL and _addr(t) not in mine:
+                raise InvalidArgument(
+                    f"scheduler: tensor {cstr(t.name) or '(unnamed)'!r} has no memory (its "
+                    "buffer was closed); allocate it again and set it")
+        self._epoch = _handle.EPOCH
 
     def synchronize(self) -> None:
         with self._locked():

@@ -67,8 +67,8 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "ggml_py/_transfer.py", 'require(src.ne == dst.ne, f"copy_async: shapes differ',
         'require(True, f"copy_async: shapes differ', BAD("copy size differs")),
     "copy_async type rule": (
-        "ggml_py/_transfer.py", "    require(src.type == dst.type,\n            f\"copy_async: types",
-        "    require(True,\n            f\"copy_async: types", BAD("copy type differs")),
+        "ggml_py/_transfer.py", "require(src.type == dst.type,\n                f\"copy_async: types",
+        "require(True,\n                f\"copy_async: types", BAD("copy type differs")),
     "set bounds rule": (
         "ggml_py/_transfer.py", "    if offset + array.nbytes > t.nbytes:", "    if False:",
         BAD("set out of bounds", "set_async out of bounds")),
