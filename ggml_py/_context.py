@@ -355,6 +355,25 @@ class Context(Owned):
             p = lib.ggml_get_next_tensor(raw, p)
         return out
 
+    def buffer_addresses(self) -> set[int]:
+        """The raw addresses of the open buffers holding this context's tensors."""
+        return {int(ffi.cast("uintptr_t", b._raw)) for b in self._buffers if b._raw is not None}
+
+    def lose_placed(self, addrs: set[int]) -> None:
+        """Memory a scheduler or allocator placed for the tensors at `addrs` is handed back: those tensors
+        and every view of them here read as unallocated (a view made while its source held
+        that memory would otherwise keep pointing into it)."""
+        if self._raw is None:
+            return
+        null = ffi.NULL
+        for raw in self._raws():
+            for p in self._chunk_raw_tensors(raw):
+                src = p.view_src
+                if int(ffi.cast("uintptr_t", p)) in addrs or (
+                        src != null and int(ffi.cast("uintptr_t", src)) in addrs):
+                    p.data = null
+                    p.buffer = null
+
     def _lose(self, buf_raw: Any) -> None:
         """A buffer of this context is being freed: its tensors (and views of them) read as
         unallocated from now on, so they raise instead of touching freed memory."""

@@ -283,6 +283,8 @@ class Graph:
             buft = lib.ggml_backend_get_default_buffer_type(be)
             key = _addr(buft)
             alloc = self._allocs.get(key)
+            if alloc is not None:
+                self._release_nodes()
             if alloc is None:
                 raw = lib.ggml_gallocr_new(buft)
                 if raw == ffi.NULL:
@@ -294,6 +296,29 @@ class Graph:
                 raise GGMLError(f"compute: allocating the graph's nodes on {backend.name} "
                                 "failed (out of memory?)")
         self._checked.add(backend)
+
+    def _release_nodes(self) -> None:
+        """Before an allocator that placed nodes of this graph places it again (some nodes
+        lost their memory: a scheduler took its placement back): the nodes whose memory is
+        not a buffer of the graph's contexts read as unallocated, views of them too, and it
+        places them all. (Placing only the new ones would let it reuse, or free in a
+        reallocation, memory the others still point into.) Other graphs check again."""
+        own: set[int] = set()
+        for c in self._contexts:
+            own |= c.buffer_addresses()
+        null = ffi.NULL
+        gone = set()
+        for t, is_node in self.walk():
+            if is_node and t.buffer != null and _addr(t.buffer) not in own:
+                t.data = null
+                t.buffer = null
+                gone.add(_addr(t))
+        if gone:
+            for c in self._contexts:
+                c.lose_placed(gone)
+            _handle.changed()
+            self._checked = weakref.WeakSet()
+            self._epoch = _handle.EPOCH
 
     def _prepare_in_c(self, backend: "Backend", dev: Any, cpu: Any) -> bool:
         """prepare's pass in one C call (ggml_build/helpers.c); True when nodes need memory."""

@@ -22,10 +22,18 @@ from .errors import ClosedError, GGMLWarning
 
 LIVE: "weakref.WeakSet[Owned]" = weakref.WeakSet()   # every open owned object
 
-# Bumped by every close: what was checked before (a graph validated for a backend, a
-# scheduler's placement) may point into memory that is gone, so it is checked again. Read as
-# ``_handle.EPOCH`` (two closes racing may bump it once: it changes, which is what counts).
+# Bumped by every close and every hand-back of placed memory (see changed()): what was
+# checked before (a graph validated for a backend, a scheduler's placement) may point into
+# memory that is gone, so it is checked again. Read as ``_handle.EPOCH`` (two bumps racing
+# may count once: it changes, which is what counts).
 EPOCH = 0
+
+
+def changed() -> None:
+    """Tensors may have lost their memory (a close, a scheduler handing its placement back):
+    every graph checks again before its next compute."""
+    global EPOCH
+    EPOCH += 1
 
 _O = TypeVar("_O", bound="Owned")
 
@@ -81,8 +89,7 @@ class Owned:
                 return
             for child in list(self._children):
                 child.close()
-            global EPOCH
-            EPOCH += 1
+            changed()
             self._raw = None
             self._finalizer()
 

@@ -232,14 +232,26 @@ class Scheduler(Owned):
             check(fn(self.ptr, graph.ptr), "scheduled graph compute")
 
     def _recheck(self, graph: Graph) -> None:
-        """Something closed since the graph was placed: every tensor it did not place itself
-        must still have memory (a buffer closed under a leaf or a view leaves it without)."""
+        """Something closed or was handed back since the graph was placed: every tensor the
+        scheduler did not place must still have memory. A leaf without (a buffer closed under
+        it) is refused; nodes without (another scheduler placed them, then reset) are placed
+        again, unless inputs placed here hold values the user set (placing again loses them)."""
         mine = {_addr(t) for g, placed, _ in self._placed if g is graph for t in placed}
-        for t, _ in graph.walk():
+        lost_nodes = False
+        for t, is_node in graph.walk():
             if t.data == ffi.NULL and _addr(t) not in mine:
+                if not is_node:
+                    raise InvalidArgument(
+                        f"scheduler: tensor {cstr(t.name) or '(unnamed)'!r} has no memory (its "
+                        "buffer was closed); allocate it again and set it")
+                lost_nodes = True
+        if lost_nodes:
+            if any(not is_node and _addr(t) in mine for t, is_node in graph.walk()):
                 raise InvalidArgument(
-                    f"scheduler: tensor {cstr(t.name) or '(unnamed)'!r} has no memory (its "
-                    "buffer was closed); allocate it again and set it")
+                    "scheduler: nodes of this graph have no memory any more (another scheduler "
+                    "placed them, then let them go); call sched.alloc(graph), set its inputs "
+                    "again, then compute")
+            self._alloc(graph, inputs_set=True)
         self._epoch = _handle.EPOCH
 
     def synchronize(self) -> None:
@@ -292,6 +304,8 @@ class Scheduler(Owned):
         """Give graphs back as they were: their own sources again (not the scheduler's copies),
         and the nodes it placed read as unallocated."""
         self.give_back_sources()
+        if self._placed:
+            _handle.changed()                # other graphs may share the nodes it placed
         for graph, nodes, _ in self._placed:
             graph.forget_allocation()        # its nodes must be placed again before a compute
             if any(c.closed for c in graph.contexts):
@@ -299,6 +313,9 @@ class Scheduler(Owned):
             for t in nodes:
                 t.data = ffi.NULL
                 t.buffer = ffi.NULL
+            gone = {_addr(t) for t in nodes}
+            for c in graph.contexts:         # views of them made meanwhile, too
+                c.lose_placed(gone)
         self._placed = []
 
     def close(self) -> None:

@@ -279,10 +279,11 @@ for prog in range(n):
     rng = random.Random(seed * 100003 + prog)
     print("PROGRAM", seed, prog, flush=True)
     ctxs, live, graphs, lost = [], [], [], set()   # live: (tensor, reference, contexts reached)
-    scheds = [gg.Scheduler([be]) for _ in range(rng.randint(0, 1))]
+    scheds = [gg.Scheduler([be]) for _ in range(rng.randint(0, 2))]
     for step in range(rng.randint(4, 28)):
         what = rng.choice(["ctx", "input", "input", "unary", "binary", "binary", "close",
-                           "closebuf", "graph", "graph", "recompute", "recompute", "read"])
+                           "closebuf", "graph", "graph", "recompute", "recompute", "read",
+                           "reset", "shared"])
         if what == "ctx" or not ctxs:
             ctxs.append(gg.Context(capacity=rng.choice([8, 64, 1024])))
             continue
@@ -307,6 +308,14 @@ for prog in range(n):
                 cid, b = rng.choice(bufs)
                 b.close()
                 lost.add(cid)
+            continue
+        if what == "reset":                # a scheduler hands its placement back
+            if scheds:
+                sched = rng.choice(scheds)
+                try:
+                    sched.reset()
+                except gg.ClosedError:
+                    assert sched.closed
             continue
         if what == "recompute":
             if graphs:
@@ -335,6 +344,19 @@ for prog in range(n):
                 counts["refused"] += 1
             except gg.GGMLError as e:       # the op's own rules (strided rows, ...)
                 assert "closed" not in str(e), e
+        elif what == "shared":           # two graphs sharing a node, on two runners
+            t, x, reach = rng.choice(live)
+            try:
+                u = gg.cont(t) * 2.0
+                pair = [(u + 1.0, 2 * x + 1), (u - 1.0, 2 * x - 1)]
+                made = [(rng.choice([be] + scheds), gg.Graph(o), o, ref, reach) for o, ref in pair]
+            except gg.ClosedError:
+                assert any(c.closed for c in ctxs if id(c) in reach), "refused, yet all open"
+                counts["refused"] += 1
+                continue
+            for m in made:
+                graphs.append(m)
+                run(*m, "computed")
         elif what == "read":
             t, x, reach = rng.choice(live)
             try:
@@ -364,8 +386,9 @@ print("COUNTS", counts["computed"], counts["recomputed"], counts["refused"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_programs_of_contexts_ops_closes_and_graphs_never_crash(seed):
     # The lifetime class as a generator: random programs over several contexts (inputs, ops
-    # across contexts, views, copies, graphs computed and recomputed on a backend or a
-    # scheduler, reads, and closes of contexts, buffers and schedulers in any order). Every
+    # across contexts, views, copies, graphs sharing nodes computed and recomputed on a
+    # backend or schedulers, reads, scheduler resets, and closes of contexts, buffers and
+    # schedulers in any order). Every
     # step either gives numpy's value or is refused, and only when something it reaches was
     # closed (ClosedError, or "no memory" after a buffer closed under it). A child process:
     # a read of freed memory may fault.

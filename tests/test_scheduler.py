@@ -235,3 +235,29 @@ def test_a_split_graph_dropped_without_close_is_collected(cpu, rpc_devs):
     assert all(r() is None for r in refs)
     cpu_be.close()
     rpc_be.close()
+
+
+def test_memory_handed_back_under_prepared_graphs_is_placed_again_or_refused(cpu):
+    # A graph validated for a backend recomputes without checks only while nothing closed
+    # or was handed back since: a scheduler's reset under a node another graph shares, or a
+    # buffer closed under a leaf, used to send ggml into NULL or freed memory (segfault, or a
+    # corrupted heap once the allocator placed the graph again over its own old nodes).
+    with cpu.backend() as be, gg.Context() as ctx:
+        a = ctx.from_numpy(np.ones(1 << 12, np.float32))
+        (buf,) = ctx.alloc(be)
+        mid = a * 2.0
+        g1, g2 = gg.Graph(mid + 1.0), gg.Graph(mid + 3.0)
+        with gg.Scheduler([be]) as sched:
+            sched.compute(g1)                   # the scheduler places mid
+            be.compute(g2)
+            be.compute(g2)                      # (the fast path)
+            sched.reset()                       # mid loses its memory
+            be.compute(g2)                      # placed again by g2's allocator
+            assert g2.outputs[0].numpy()[0] == 5.0
+            sched.compute(g1)
+            be.compute(g2)
+            assert g1.outputs[0].numpy()[0] == 3.0 and g2.outputs[0].numpy()[0] == 5.0
+            buf.close()                         # a's memory goes
+            for run in (lambda: be.compute(g2), lambda: sched.compute(g1)):
+                with pytest.raises(gg.InvalidArgument, match="no memory"):
+                    run()
