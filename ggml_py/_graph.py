@@ -39,6 +39,8 @@ _PREPARE: Any = getattr(lib, "ggml_py_prepare", None)    # the C helper (API-mod
 _MAX_NODES = 1 << 24
 _MAX_SRC = int(lib.GGML_MAX_SRC)
 _WORDS = ffi.typeof("uintptr_t *")
+_OFF_BUFFER = ffi.offsetof("struct ggml_tensor", "buffer") // 8   # (in 8-byte words)
+_OFF_DATA = ffi.offsetof("struct ggml_tensor", "data") // 8
 _TENSOR = ffi.typeof("struct ggml_tensor *")
 
 
@@ -111,6 +113,7 @@ class Graph:
         # it goes straight to ggml
         self._fast: weakref.ref[Backend] | None = None
         self._fast_epoch = -1
+        self._placed_data: Any = np.zeros(0, np.uint64)   # per node: where its allocator put it
         self._index_inputs: list[tuple[Any, int, str]] | None = None
         self._nodes: list[Any] | None = None    # the walk (see walk())
         self._leafs: list[Any] = []
@@ -273,6 +276,15 @@ class Graph:
             self._epoch = _handle.EPOCH
         if backend in self._checked:
             return
+        addrs, bufs, datas, other = self.node_memory()
+        # nodes whose memory is neither a buffer of the graph's contexts nor where this
+        # graph's allocator put them: another graph's allocator or a scheduler placed them
+        # for its own graph, where they may share memory with its other nodes; they are
+        # placed again here, with this graph's (before the checks: they judge the new place)
+        mine = self._placed_data if len(self._placed_data) == len(datas) else 0
+        released = bool((other & (datas != mine)).any())
+        if released:
+            self.let_go(addrs, other)
         dev = lib.ggml_backend_get_device(be)
         cpu = second_opinion(dev)             # (RPC devices: the CPU must support it too)
         if _PREPARE is not None and not any(c.rewired for c in self._contexts):
@@ -283,8 +295,11 @@ class Graph:
             buft = lib.ggml_backend_get_default_buffer_type(be)
             key = _addr(buft)
             alloc = self._allocs.get(key)
-            if alloc is not None:
-                self._release_nodes()
+            if not released:
+                # the allocator places every node without memory of a context, all at once:
+                # the ones it placed before too (placing only the new ones would let it
+                # reuse, or free in a reallocation, memory the older ones point into)
+                self.let_go(addrs, other)
             if alloc is None:
                 raw = lib.ggml_gallocr_new(buft)
                 if raw == ffi.NULL:
@@ -295,30 +310,52 @@ class Graph:
             if not lib.ggml_gallocr_alloc_graph(alloc.ptr, self.ptr):
                 raise GGMLError(f"compute: allocating the graph's nodes on {backend.name} "
                                 "failed (out of memory?)")
+            _, _, datas, other = self.node_memory()
+            self._placed_data = np.where(other, datas, 0)
         self._checked.add(backend)
 
-    def _release_nodes(self) -> None:
-        """Before an allocator that placed nodes of this graph places it again (some nodes
-        lost their memory: a scheduler took its placement back): the nodes whose memory is
-        not a buffer of the graph's contexts read as unallocated, views of them too, and it
-        places them all. (Placing only the new ones would let it reuse, or free in a
-        reallocation, memory the others still point into.) Other graphs check again."""
-        own: set[int] = set()
+    def node_memory(self) -> tuple[Any, Any, Any, Any]:
+        """(addresses, buffers, data addresses, `other`) of the nodes, as numpy arrays read
+        straight from the tensor records (no Python work per node); `other`: the nodes whose
+        memory is not a buffer of the graph's contexts (an allocator or scheduler placed it)."""
+        n = self.n_nodes
+        addrs = np.frombuffer(ffi.buffer(lib.ggml_graph_nodes(self.ptr), 8 * n), np.uint64) \
+            if n else np.zeros(0, np.uint64)
+        bufs = np.zeros(n, np.uint64)
+        datas = np.zeros(n, np.uint64)
+        found = np.zeros(n, bool)
+        own: list[int] = []
         for c in self._contexts:
-            own |= c.buffer_addresses()
-        null = ffi.NULL
-        gone = set()
-        for t, is_node in self.walk():
-            if is_node and t.buffer != null and _addr(t.buffer) not in own:
-                t.data = null
-                t.buffer = null
-                gone.add(_addr(t))
-        if gone:
-            for c in self._contexts:
-                c.lose_placed(gone)
-            _handle.changed()
-            self._checked = weakref.WeakSet()
-            self._epoch = _handle.EPOCH
+            own += c.buffer_addresses()
+            for lo, hi in c.spans():
+                m = (addrs >= lo) & (addrs < hi)
+                if m.any():
+                    words = np.frombuffer(ffi.buffer(ffi.cast("char *", lo), hi - lo), np.uint64)
+                    at = ((addrs[m] - np.uint64(lo)) // np.uint64(8)).astype(np.int64)
+                    bufs[m] = words[at + _OFF_BUFFER]
+                    datas[m] = words[at + _OFF_DATA]
+                    found |= m
+        for i in np.flatnonzero(~found):          # (none expected: nodes live in its contexts)
+            t = ffi.cast(_TENSOR, int(addrs[i]))
+            bufs[i], datas[i] = _addr(t.buffer), _addr(t.data)
+        other = (bufs != 0) & ~np.isin(bufs, np.array(own, np.uint64))
+        return addrs, bufs, datas, other
+
+    def let_go(self, addrs: Any, mask: Any) -> None:
+        """The nodes at `addrs[mask]` (and views of them) read as unallocated; every graph
+        and scheduler checks again before its next compute."""
+        if not mask.any():
+            return
+        gone = {int(a) for a in addrs[mask]}
+        for a in gone:
+            t = ffi.cast(_TENSOR, a)
+            t.data = ffi.NULL
+            t.buffer = ffi.NULL
+        for c in self._contexts:
+            c.lose_placed(gone)
+        _handle.changed()
+        self._checked = weakref.WeakSet()
+        self._epoch = _handle.EPOCH
 
     def _prepare_in_c(self, backend: "Backend", dev: Any, cpu: Any) -> bool:
         """prepare's pass in one C call (ggml_build/helpers.c); True when nodes need memory."""

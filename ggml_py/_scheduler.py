@@ -19,6 +19,8 @@ import contextlib
 import weakref
 from typing import Any, Callable
 
+import numpy as np
+
 from ._backend import Backend
 from ._graph import Graph
 from . import _handle
@@ -83,6 +85,7 @@ class Scheduler(Owned):
         self._exports: weakref.WeakSet[Any] = weakref.WeakSet()
         self._wired = False      # the placed graph's split nodes read its copies (rewired)
         self._epoch = _handle.EPOCH   # closes seen when the placement was last checked
+        self._node_data: Any = np.zeros(0, np.uint64)
 
     @property
     def graph(self) -> Graph | None:
@@ -149,6 +152,10 @@ class Scheduler(Owned):
         self._check(graph, inputs_set=inputs_set)
         self._forget()
         give_back_rewired({id(c): c for c in graph.contexts})   # other schedulers' copies
+        # nodes another graph's allocator or scheduler placed, for its own graph (where they
+        # may share memory with its other nodes), are placed again here
+        addrs, _, _, other = graph.node_memory()
+        graph.let_go(addrs, other)
         lib.ggml_backend_sched_reset(self.ptr)
         for t, b in self._pins:
             lib.ggml_backend_sched_set_tensor_backend(self.ptr, t.ptr, b.ptr)
@@ -170,6 +177,8 @@ class Scheduler(Owned):
                 for c in graph.contexts:       # (one of them holds the node)
                     c.rewired[_addr(t)] = (self, srcs)
         self._wired = True
+        _, _, datas, other = graph.node_memory()
+        self._node_data = np.where(other, datas, 0)      # where it placed each node
         self._epoch = _handle.EPOCH
         # a node that had memory before (another graph's allocation placed it) stays where it
         # is, and ggml runs it on the backend it was pinned to or chose, in place: that
@@ -232,25 +241,24 @@ class Scheduler(Owned):
             check(fn(self.ptr, graph.ptr), "scheduled graph compute")
 
     def _recheck(self, graph: Graph) -> None:
-        """Something closed or was handed back since the graph was placed: every tensor the
-        scheduler did not place must still have memory. A leaf without (a buffer closed under
-        it) is refused; nodes without (another scheduler placed them, then reset) are placed
-        again, unless inputs placed here hold values the user set (placing again loses them)."""
+        """Something closed or was handed back since the graph was placed. A leaf without
+        memory (a buffer closed under it) is refused; nodes without memory, or moved (another
+        graph's allocator placed them again for itself), are placed again here, unless inputs
+        placed here hold values the user set (placing again would lose them)."""
         mine = {_addr(t) for g, placed, _ in self._placed if g is graph for t in placed}
-        lost_nodes = False
         for t, is_node in graph.walk():
-            if t.data == ffi.NULL and _addr(t) not in mine:
-                if not is_node:
-                    raise InvalidArgument(
-                        f"scheduler: tensor {cstr(t.name) or '(unnamed)'!r} has no memory (its "
-                        "buffer was closed); allocate it again and set it")
-                lost_nodes = True
-        if lost_nodes:
+            if not is_node and t.data == ffi.NULL and _addr(t) not in mine:
+                raise InvalidArgument(
+                    f"scheduler: tensor {cstr(t.name) or '(unnamed)'!r} has no memory (its "
+                    "buffer was closed); allocate it again and set it")
+        _, _, datas, other = graph.node_memory()
+        rec = self._node_data if len(self._node_data) == len(datas) else 0
+        if ((datas == 0) | (other & (datas != rec))).any():
             if any(not is_node and _addr(t) in mine for t, is_node in graph.walk()):
                 raise InvalidArgument(
-                    "scheduler: nodes of this graph have no memory any more (another scheduler "
-                    "placed them, then let them go); call sched.alloc(graph), set its inputs "
-                    "again, then compute")
+                    "scheduler: nodes of this graph have no memory here any more (another "
+                    "scheduler or graph placed them again); call sched.alloc(graph), set its "
+                    "inputs again, then compute")
             self._alloc(graph, inputs_set=True)
         self._epoch = _handle.EPOCH
 
