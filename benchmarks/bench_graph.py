@@ -277,12 +277,13 @@ def main():
     raw = min(build_and_graph_raw(n) for _ in range(3))
     print(f"build {n} adds + graph: ggml_py {py / n * 1e6:.2f} us/node, raw cffi "
           f"{raw / n * 1e6:.2f} us/node ({py / raw:.2f}x)")
-    with dev.backend(n_threads=1) as be:
+    one = {"n_threads": 1} if dev.type == "cpu" else {}   # GPU backends have no thread count
+    with dev.backend(**one) as be:
         py = min(first_compute_pythonic(be, n) for _ in range(3))
         raw = min(first_compute_raw(be, n) for _ in range(3))
     print(f"first compute of {n} small adds (1 thread): ggml_py {py / n * 1e6:.2f} us/node, raw "
           f"gallocr + compute {raw / n * 1e6:.2f} us/node ({py / raw:.2f}x)")
-    with dev.backend(n_threads=1) as be:
+    with dev.backend(**one) as be:
         py = min(mlp_pythonic(be, 2000) for _ in range(3))
         same = min(mlp_pythonic(be, 2000, same_graph=True) for _ in range(3))
         raw = min(mlp_raw(be, 2000) for _ in range(3))

@@ -42,13 +42,15 @@ def test_events_order_a_copy_between_two_devices(pair, rng):
     the two queues, which one depends on the backend (CUDA: the source's stream, which then
     makes the destination wait; Vulkan: the destination's queue), so the queue it lands on
     orders one side and only an event orders the other. Each device records an event and the
-    other waits on it; with the record or the wait removed the chain or the copy sees the
-    wrong values and the test fails (tools/mutate_events.py shows it)."""
+    other waits on it. The test runs twice, once with the reader three times longer than the
+    writer and once the other way round: whichever queue the copy lands on, one round has the
+    other side still running when the copy is queued, so with the record or the wait removed
+    that round sees the wrong values and the test fails (tools/mutate_events.py shows it; on
+    the H200 one round with equal lengths passed mutated, the reader having finished first)."""
     d0, d1 = pair
     rows = producer_rows(d0)
     x = rng.integers(-8, 8, (rows, 1024)).astype(np.float32)  # exact sums
     old = x - 1
-    n = 200
     with d0.backend() as b0, d1.backend() as b1, gg.Context() as c0, gg.Context() as c1:
         a = c0.from_numpy(x)
         out = c0.tensor(gg.f32, x.shape)
@@ -56,29 +58,32 @@ def test_events_order_a_copy_between_two_devices(pair, rng):
         dst = c1.from_numpy(old)
         res = c1.tensor(gg.f32, x.shape)
         c1.alloc(b1)
-        chain = a
-        for _ in range(n):                         # device 0 writes `out` at the end
-            chain = chain + a
-        writer = gg.Graph(gg.cpy(chain, out))
-        reader = dst
-        for _ in range(n):                         # device 1 reads `dst` throughout
-            reader = reader + dst
-        reading = gg.Graph(gg.cpy(reader, res))
-        b0.compute(writer)                         # warm-up: kernels loaded on both devices
-        b1.compute(reading)
-        b0.set_async(out, np.full(x.shape, np.nan, np.float32))
-        b0.compute_async(writer)
-        b1.compute_async(reading)
-        with d0.event() as e0, d1.event() as e1:
-            e0.record(b0)
-            e1.record(b1)
-            b1.wait(e0)
-            b0.wait(e1)
-            gg.copy_async(out, dst, b0, b1)
-            b0.synchronize()
-            b1.synchronize()
-        assert np.array_equal(res.numpy(), old * (n + 1))      # the reader saw only `old`
-        assert np.array_equal(dst.numpy(), x * (n + 1))        # the copy saw finished `out`
+        for n_write, n_read in ((100, 300), (300, 100)):
+            chain = a
+            for _ in range(n_write):                   # device 0 writes `out` at the end
+                chain = chain + a
+            writer = gg.Graph(gg.cpy(chain, out))
+            reader = dst
+            for _ in range(n_read):                    # device 1 reads `dst` throughout
+                reader = reader + dst
+            reading = gg.Graph(gg.cpy(reader, res))
+            b0.compute(writer)                         # warm-up: kernels loaded on both devices
+            b1.compute(reading)
+            b1.set(dst, old)
+            b0.set_async(out, np.full(x.shape, np.nan, np.float32))
+            b0.compute_async(writer)
+            b1.compute_async(reading)
+            with d0.event() as e0, d1.event() as e1:
+                e0.record(b0)
+                e1.record(b1)
+                b1.wait(e0)
+                b0.wait(e1)
+                gg.copy_async(out, dst, b0, b1)
+                b0.synchronize()
+                b1.synchronize()
+            where = f"writer {n_write} adds, reader {n_read}"
+            assert np.array_equal(res.numpy(), old * (n_read + 1)), where  # reader saw `old`
+            assert np.array_equal(dst.numpy(), x * (n_write + 1)), where   # copy saw all `out`
 
 
 def test_scheduler_splits_a_stack_over_both(pair, cpu):
