@@ -27,11 +27,14 @@ struct ggml_py_prep {
     int32_t n_index;                 /* get_rows/set_rows nodes whose indices are no node  */
 };
 
-/* an open-addressing set of pointers, each with a small tag */
+/* an open-addressing set of pointers, each with a small tag; it grows when half full (sized
+ * for every possible source up front, it spread a 10,000-node graph's few leafs over 2 MiB:
+ * a cache miss per insert, most of Graph.prepare's time) */
 struct ggml_py_set {
     uintptr_t * keys;
     uint8_t * tags;
     size_t mask;
+    size_t count;
 };
 
 static int ggml_py_set_init(struct ggml_py_set * s, size_t n) {
@@ -42,6 +45,7 @@ static int ggml_py_set_init(struct ggml_py_set * s, size_t n) {
     s->keys = (uintptr_t *) calloc(cap, sizeof(uintptr_t));
     s->tags = (uint8_t *) calloc(cap, 1);
     s->mask = cap - 1;
+    s->count = 0;
     return s->keys != NULL && s->tags != NULL;
 }
 
@@ -58,6 +62,31 @@ static size_t ggml_py_set_slot(const struct ggml_py_set * s, const void * p) {
         i = (i + 1) & s->mask;
     }
     return i;
+}
+
+/* put `p` with `tag` in its empty slot `slot` (from ggml_py_set_slot); 0 when out of memory */
+static int ggml_py_set_put(struct ggml_py_set * s, size_t slot, const void * p, uint8_t tag) {
+    s->keys[slot] = (uintptr_t) p;
+    s->tags[slot] = tag;
+    if (2 * ++s->count <= s->mask + 1) {
+        return 1;
+    }
+    struct ggml_py_set bigger;
+    if (!ggml_py_set_init(&bigger, s->mask + 1)) {
+        ggml_py_set_free(&bigger);
+        return 0;
+    }
+    for (size_t i = 0; i <= s->mask; i++) {
+        if (s->keys[i] != 0) {
+            size_t j = ggml_py_set_slot(&bigger, (const void *) s->keys[i]);
+            bigger.keys[j] = s->keys[i];
+            bigger.tags[j] = s->tags[i];
+        }
+    }
+    bigger.count = s->count;
+    ggml_py_set_free(s);
+    *s = bigger;
+    return 1;
 }
 
 static int ggml_py_usable(ggml_backend_t be, ggml_backend_buffer_t buf,
@@ -88,16 +117,17 @@ static int ggml_py_prepare(struct ggml_cgraph * g, ggml_backend_t be, ggml_backe
     int n_seen = 0;
     struct ggml_py_set set;
     memset(out, 0, sizeof(*out));
-    if (!ggml_py_set_init(&set, (size_t) n * (GGML_MAX_SRC + 1))) {
+    if (!ggml_py_set_init(&set, (size_t) n + 16)) {
         ggml_py_set_free(&set);
         out->status = GGML_PY_NO_ROOM;
         return out->status;
     }
-    for (int i = 0; i < n; i++) {          /* the nodes: tag 1 */
+    for (int i = 0; i < n && out->status == GGML_PY_OK; i++) {   /* the nodes: tag 1 */
         struct ggml_tensor * t = ggml_graph_node(g, i);
         size_t slot = ggml_py_set_slot(&set, t);
-        set.keys[slot] = (uintptr_t) t;
-        set.tags[slot] = 1;
+        if (set.keys[slot] == 0 && !ggml_py_set_put(&set, slot, t, 1)) {
+            out->status = GGML_PY_NO_ROOM;
+        }
     }
     for (int i = 0; i < n && out->status == GGML_PY_OK; i++) {
         struct ggml_tensor * t = ggml_graph_node(g, i);
@@ -145,9 +175,9 @@ static int ggml_py_prepare(struct ggml_cgraph * g, ggml_backend_t be, ggml_backe
             if (set.keys[slot] != 0) {
                 continue;                  /* a node, or a leaf met before */
             }
-            set.keys[slot] = (uintptr_t) s;
-            set.tags[slot] = 2;
-            if (s->data == NULL) {
+            if (!ggml_py_set_put(&set, slot, s, 2)) {
+                out->status = GGML_PY_NO_ROOM;
+            } else if (s->data == NULL) {
                 out->status = GGML_PY_NO_MEMORY;
                 out->tensor = s;
             } else if (s->buffer != NULL && !ggml_py_usable(be, s->buffer, seen, &n_seen)) {

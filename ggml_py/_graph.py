@@ -338,7 +338,12 @@ class Graph:
         for i in np.flatnonzero(~found):          # (none expected: nodes live in its contexts)
             t = ffi.cast(_TENSOR, int(addrs[i]))
             bufs[i], datas[i] = _addr(t.buffer), _addr(t.data)
-        other = (bufs != 0) & ~np.isin(bufs, np.array(own, np.uint64))
+        other = bufs != 0
+        if len(own) > 16:
+            other &= ~np.isin(bufs, np.array(own, np.uint64))
+        elif other.any():                         # (a few buffers: cheaper than np.isin)
+            for b in set(own):
+                other &= bufs != np.uint64(b)
         return addrs, bufs, datas, other
 
     def let_go(self, addrs: Any, mask: Any) -> None:
