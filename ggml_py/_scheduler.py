@@ -86,6 +86,8 @@ class Scheduler(Owned):
         self._wired = False      # the placed graph's split nodes read its copies (rewired)
         self._epoch = _handle.EPOCH   # closes seen when the placement was last checked
         self._node_data: Any = np.zeros(0, np.uint64)
+        # the graph ggml's allocator last measured (see _alloc); None: none yet
+        self._measured: weakref.ref[Graph] | None = None
 
     @property
     def graph(self) -> Graph | None:
@@ -128,6 +130,7 @@ class Scheduler(Owned):
         _restore(sources)      # reserving splits too; the copies are of no use after it
         if not ok:
             raise GGMLError("ggml_backend_sched_reserve failed (out of memory?)")
+        self._measured = weakref.ref(graph)
 
     def set_backend(self, tensor: Any, backend: Backend) -> None:
         """Pin the node `tensor` to `backend` (one of the scheduler's) for the graphs computed
@@ -157,14 +160,27 @@ class Scheduler(Owned):
         addrs, _, _, other = graph.node_memory()
         graph.let_go(addrs, other)
         lib.ggml_backend_sched_reset(self.ptr)
-        for t, b in self._pins:
-            lib.ggml_backend_sched_set_tensor_backend(self.ptr, t.ptr, b.ptr)
+        self._apply_pins()
         entries = list(graph.walk())
         nodes = [t for t, is_node in entries if is_node]
         placed = [t for t, _ in entries if t.data == ffi.NULL]
         # ggml's scheduler points the sources of split nodes at copies in its own context,
         # which it frees at the next split: keep the real sources to put back (_forget)
         sources = [(t, [t.src[j] for j in range(MAX_SRC)]) for t in nodes]
+        if self._measured is not None and self._measured() is not graph:   # (or it is gone)
+            # ggml's allocator keeps the offsets it chose for the last graph and reuses them
+            # for any graph with as many nodes and leafs whose tensors fit, without comparing
+            # how they connect: a node could land on memory a source of it still holds (add,
+            # transpose, cont after another 3-node graph gave wrong values). A different graph
+            # is measured first; the measuring split rewires sources too, so they are put
+            # back, and the pins applied again (measuring resets them).
+            ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)
+            _restore(sources)
+            if not ok:
+                raise GGMLError("the scheduler could not reserve memory for the graph "
+                                "(out of memory?)")
+            self._apply_pins()
+        self._measured = weakref.ref(graph)
         self._placed.append((graph, placed, sources))
         graph.scheduler = self
         for c in graph.contexts:       # a context closing first hands its graphs back (_forget)
@@ -271,6 +287,10 @@ class Scheduler(Owned):
         self.ptr
         for b in self.backends:
             b.ensure_alive()
+
+    def _apply_pins(self) -> None:
+        for t, b in self._pins:
+            lib.ggml_backend_sched_set_tensor_backend(self.ptr, t.ptr, b.ptr)
 
     def reset(self) -> None:
         """Drop the current allocation (the tensors it placed lose their memory) and the

@@ -139,6 +139,10 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
     "scheduler input rule": (
         "ggml_py/_scheduler.py", "                if not int(t.flags) & _INPUT:", "                if False:",
         ["tests/test_scheduler.py", "-k", "llama_cpp"]),
+    "scheduler measures each new graph": (
+        "ggml_py/_scheduler.py",
+        "        if self._measured is not None and self._measured() is not graph:",
+        "        if False:", ["tests/test_scheduler.py", "-k", "afresh"]),
     "buffer max size rule": (
         "ggml_py/_device.py", "        if n > self.max_size:", "        if False:",
         BAD("buffer over max size")),
