@@ -303,3 +303,24 @@ def test_one_scheduler_places_every_new_graph_afresh(cpu, seed):
             g, out, ref, names = rng.choice(graphs)
             sched.compute(g)
             assert np.array_equal(out.numpy(), ref), names
+
+
+@needs_release("0.23.0", "an RPC server that survives this graph (0.20.2's aborts)")
+def test_one_scheduler_takes_split_graphs_in_turn(cpu, rpc_devs, rng):
+    # The same rule where graphs split over backends: measuring a new graph splits it too
+    # (sources rewired to the scheduler's copies, pins reset), and what it rewired is put back
+    # before the real placement. Stacks of one and of another node count, computed in turn.
+    bes = [rpc_devs[0].backend(), rpc_devs[1].backend(), cpu.backend()]
+    b0, b1, bc = bes
+    stacks = [LayerStack([b0, b1], bc, rng), LayerStack([b1, b0], bc, rng),
+              LayerStack([b1, b0, b1], bc, rng), LayerStack([bc, b0], b1, rng)]
+    graphs = [gg.Graph(s.out) for s in stacks]
+    with gg.Scheduler(bes) as sched:
+        for i in (0, 1, 2, 0, 3, 1, 3, 2, 0):
+            sched.compute(graphs[i])
+            assert sched.n_splits >= 2
+            assert nmse(stacks[i].out.numpy(copy=True), stacks[i].ref) < T_MATMUL, i
+    for s in stacks:
+        s.close()
+    for b in bes:
+        b.close()
