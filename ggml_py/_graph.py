@@ -310,9 +310,15 @@ class Graph:
             if not lib.ggml_gallocr_alloc_graph(alloc.ptr, self.ptr):
                 raise GGMLError(f"compute: allocating the graph's nodes on {backend.name} "
                                 "failed (out of memory?)")
-            _, _, datas, other = self.node_memory()
-            self._placed_data = np.where(other, datas, 0)
+            self._placed_data = self.placement()
         self._checked.add(backend)
+
+    def placement(self) -> Any:
+        """Per node, the address an allocator or scheduler gave it (0 where its memory is a
+        buffer of the graph's contexts, or none): the record to tell later whether another
+        one placed it again."""
+        _, _, datas, other = self.node_memory()
+        return np.where(other, datas, 0)
 
     def node_memory(self) -> tuple[Any, Any, Any, Any]:
         """(addresses, buffers, data addresses, `other`) of the nodes, as numpy arrays read

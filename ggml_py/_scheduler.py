@@ -124,10 +124,13 @@ class Scheduler(Owned):
         """Size the compute buffers for graphs like `graph` (optional; compute does it)."""
         self._check(graph, inputs_set=False)
         give_back_rewired({id(c): c for c in graph.contexts})   # this scheduler's and others'
-        nodes = [t for t, is_node in graph.walk() if is_node]
-        sources = [(t, list(t.src)) for t in nodes]
+        self._measure(graph, [(t, list(t.src)) for t, is_node in graph.walk() if is_node])
+
+    def _measure(self, graph: Graph, sources: list[tuple[Any, list[Any]]]) -> None:
+        """ggml_backend_sched_reserve for `graph`; the sources its split rewired to the
+        scheduler's copies are put back (the copies are of no use after it)."""
         ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)
-        _restore(sources)      # reserving splits too; the copies are of no use after it
+        _restore(sources)
         if not ok:
             raise GGMLError("ggml_backend_sched_reserve failed (out of memory?)")
         self._measured = weakref.ref(graph)
@@ -172,13 +175,8 @@ class Scheduler(Owned):
             # for any graph with as many nodes and leafs whose tensors fit, without comparing
             # how they connect: a node could land on memory a source of it still holds (add,
             # transpose, cont after another 3-node graph gave wrong values). A different graph
-            # is measured first; the measuring split rewires sources too, so they are put
-            # back, and the pins applied again (measuring resets them).
-            ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)
-            _restore(sources)
-            if not ok:
-                raise GGMLError("the scheduler could not reserve memory for the graph "
-                                "(out of memory?)")
+            # is measured first, then the pins applied again (measuring resets them).
+            self._measure(graph, sources)
             self._apply_pins()
         self._measured = weakref.ref(graph)
         self._placed.append((graph, placed, sources))
@@ -193,8 +191,7 @@ class Scheduler(Owned):
                 for c in graph.contexts:       # (one of them holds the node)
                     c.rewired[_addr(t)] = (self, srcs)
         self._wired = True
-        _, _, datas, other = graph.node_memory()
-        self._node_data = np.where(other, datas, 0)      # where it placed each node
+        self._node_data = graph.placement()      # where it placed each node
         self._epoch = _handle.EPOCH
         # a node that had memory before (another graph's allocation placed it) stays where it
         # is, and ggml runs it on the backend it was pinned to or chose, in place: that

@@ -145,8 +145,8 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "        if False:", ["tests/test_scheduler.py", "-k", "afresh"]),
     "scheduler puts back what measuring rewired": (
         "ggml_py/_scheduler.py",
-        "            ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)\n            _restore(sources)\n",
-        "            ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)\n",
+        "        ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)\n        _restore(sources)\n",
+        "        ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)\n",
         ["tests/test_scheduler.py", "-k", "in_turn"]),
     "buffer max size rule": (
         "ggml_py/_device.py", "        if n > self.max_size:", "        if False:",
