@@ -241,6 +241,32 @@ struct ggml_py_prep { int32_t status; int32_t need_alloc; struct ggml_tensor * t
 int ggml_py_prepare(struct ggml_cgraph * g, ggml_backend_t be, ggml_backend_dev_t dev,
                     ggml_backend_dev_t cpu, int op_get_rows, int op_set_rows,
                     struct ggml_tensor ** index_out, int index_cap, struct ggml_py_prep * out);
+typedef struct ggml_tensor * (*ggml_py_fn1)(struct ggml_context *, struct ggml_tensor *);
+typedef struct ggml_tensor * (*ggml_py_fn2)(struct ggml_context *, struct ggml_tensor *,
+                                            struct ggml_tensor *);
+struct ggml_tensor * ggml_py_binary(struct ggml_context * ctx, ggml_py_fn2 fn,
+                                    struct ggml_tensor * a, struct ggml_tensor * b,
+                                    uint64_t types, int numpy);
+struct ggml_tensor * ggml_py_unary(struct ggml_context * ctx, ggml_py_fn1 fn,
+                                   struct ggml_tensor * a, uint64_t types);
+struct ggml_tensor * ggml_py_mul_mat(struct ggml_context * ctx, struct ggml_tensor * a,
+                                     struct ggml_tensor * b, uint64_t a_types, uint64_t b_types);
+struct ggml_tensor * ggml_py_norm(struct ggml_context * ctx, struct ggml_tensor * a, double eps,
+                                  uint64_t types, int rms);
+struct ggml_tensor * ggml_py_soft_max(struct ggml_context * ctx, struct ggml_tensor * a,
+                                      struct ggml_tensor * mask, double scale, double max_bias,
+                                      uint64_t types);
+struct ggml_tensor * ggml_py_rope(struct ggml_context * ctx, struct ggml_tensor * a,
+                                  struct ggml_tensor * pos, int64_t n_dims, int mode,
+                                  int n_ctx_orig, double freq_base, double freq_scale,
+                                  double ext_factor, double attn_factor, double beta_fast,
+                                  double beta_slow, uint64_t types);
+struct ggml_tensor * ggml_py_reshape(struct ggml_context * ctx, struct ggml_tensor * a,
+                                     int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
+struct ggml_tensor * ggml_py_permute(struct ggml_context * ctx, struct ggml_tensor * a,
+                                     int p0, int p1, int p2, int p3);
+struct ggml_tensor * ggml_py_cont(struct ggml_context * ctx, struct ggml_tensor * a,
+                                  uint64_t strided_types);
 """
 
 

@@ -189,3 +189,177 @@ static int ggml_py_prepare(struct ggml_cgraph * g, ggml_backend_t be, ggml_backe
     ggml_py_set_free(&set);
     return out->status;
 }
+
+/* ---- checked ops: the accept-at-once half of ops/'s rules (issue 14) --------------------
+ *
+ * Each helper builds one ggml op when the operands pass the rule that ops/ applies in
+ * Python, reading the operands' facts straight from their ggml records; anything else
+ * returns NULL before ggml is called, and Python then takes its own path (the rule in full,
+ * its message, numpy's broadcasting, views of allocated memory). So a helper only ever
+ * accepts a subset of what Python accepts, and builds what Python would; tests/test_checked.py
+ * generates operands to hold them to that. Type rules come from Python as bitmasks of
+ * enum ggml_type values (bit t set: type t allowed), so the tables stay in ops/.
+ *
+ * Each builds exactly one tensor record in `ctx` (the caller reserved room for one). */
+
+typedef struct ggml_tensor * (*ggml_py_fn1)(struct ggml_context *, struct ggml_tensor *);
+typedef struct ggml_tensor * (*ggml_py_fn2)(struct ggml_context *, struct ggml_tensor *,
+                                            struct ggml_tensor *);
+
+static int ggml_py_type_in(const struct ggml_tensor * t, uint64_t mask) {
+    return (unsigned) t->type < 64 && ((mask >> (unsigned) t->type) & 1u);
+}
+
+/* ops/_common.rows: packed rows (nb[0] is the element size), quantized rows always are */
+static int ggml_py_rows(const struct ggml_tensor * t) {
+    return ggml_blck_size(t->type) > 1 || t->nb[0] == ggml_type_size(t->type);
+}
+
+/* no memory under t (nor under what it views): a view of it needs no ggml_backend_view_init */
+static int ggml_py_unplaced(const struct ggml_tensor * t) {
+    const struct ggml_tensor * s = t->view_src != NULL ? t->view_src : t;
+    return t->buffer == NULL && t->data == NULL && s->buffer == NULL && s->data == NULL;
+}
+
+/* ops/elementwise.binary: float operands, b of a's type or f32, a's rows packed, b repeating
+ * into a (numpy: equal shapes; broadcasting is Python's) */
+static struct ggml_tensor * ggml_py_binary(struct ggml_context * ctx, ggml_py_fn2 fn,
+                                           struct ggml_tensor * a, struct ggml_tensor * b,
+                                           uint64_t types, int numpy) {
+    if (!ggml_py_type_in(a, types) || !ggml_py_type_in(b, types) ||
+        (a->type != b->type && b->type != GGML_TYPE_F32) || ggml_blck_size(a->type) != 1 ||
+        a->nb[0] != (size_t) ggml_type_size(a->type)) {
+        return NULL;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (a->ne[i] != b->ne[i] && (numpy || b->ne[i] <= 0 || a->ne[i] % b->ne[i] != 0)) {
+            return NULL;
+        }
+    }
+    return fn(ctx, a, b);
+}
+
+/* ops/elementwise._unary: a type the kernels compute, packed rows, contiguous */
+static struct ggml_tensor * ggml_py_unary(struct ggml_context * ctx, ggml_py_fn1 fn,
+                                          struct ggml_tensor * a, uint64_t types) {
+    if (!ggml_py_type_in(a, types) || !ggml_py_rows(a) || !ggml_is_contiguous(a)) {
+        return NULL;
+    }
+    return fn(ctx, a);
+}
+
+/* ops/linalg.mul_mat: equal inner dims, b's batch dims multiples of a's, a not transposed,
+ * a float or quantized and b float, both with packed rows and rows no shorter apart than a
+ * row (blas_rows) */
+static struct ggml_tensor * ggml_py_mul_mat(struct ggml_context * ctx, struct ggml_tensor * a,
+                                            struct ggml_tensor * b, uint64_t a_types,
+                                            uint64_t b_types) {
+    if (!ggml_py_type_in(a, a_types) || !ggml_py_type_in(b, b_types) || a->ne[0] != b->ne[0] ||
+        a->ne[2] <= 0 || a->ne[3] <= 0 || b->ne[2] % a->ne[2] != 0 ||
+        b->ne[3] % a->ne[3] != 0 || ggml_is_transposed(a) || !ggml_py_rows(a) ||
+        !ggml_py_rows(b)) {
+        return NULL;
+    }
+    const struct ggml_tensor * m[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        if (ggml_blck_size(m[i]->type) == 1 &&
+            m[i]->nb[1] < (size_t) m[i]->ne[0] * ggml_type_size(m[i]->type)) {
+            return NULL;
+        }
+    }
+    return ggml_mul_mat(ctx, a, b);
+}
+
+/* ops/nn.norm and rms_norm (`rms` picks): a type the kernel computes, eps >= 0, packed rows */
+static struct ggml_tensor * ggml_py_norm(struct ggml_context * ctx, struct ggml_tensor * a,
+                                         double eps, uint64_t types, int rms) {
+    if (!ggml_py_type_in(a, types) || !(eps >= 0.0) || !ggml_py_rows(a)) {
+        return NULL;
+    }
+    return rms ? ggml_rms_norm(ctx, a, (float) eps) : ggml_norm(ctx, a, (float) eps);
+}
+
+/* ops/nn.soft_max: a of a type the kernel computes and contiguous; the mask (may be NULL)
+ * f32 or f16, contiguous, covering a's rows, its batch dims dividing a's; max_bias only with
+ * a mask */
+static struct ggml_tensor * ggml_py_soft_max(struct ggml_context * ctx, struct ggml_tensor * a,
+                                             struct ggml_tensor * mask, double scale,
+                                             double max_bias, uint64_t types) {
+    if (!ggml_py_type_in(a, types) || !ggml_is_contiguous(a)) {
+        return NULL;
+    }
+    if (mask == NULL) {
+        if (!(max_bias <= 0.0)) {
+            return NULL;
+        }
+    } else if ((mask->type != GGML_TYPE_F32 && mask->type != GGML_TYPE_F16) ||
+               mask->ne[0] != a->ne[0] || mask->ne[1] < a->ne[1] || mask->ne[2] <= 0 ||
+               mask->ne[3] <= 0 || a->ne[2] % mask->ne[2] != 0 || a->ne[3] % mask->ne[3] != 0 ||
+               !ggml_is_contiguous(mask)) {
+        return NULL;
+    }
+    return ggml_soft_max_ext(ctx, a, mask, (float) scale, (float) max_bias);
+}
+
+/* ops/nn.rope_ext without freq_factors: a of a type the kernel computes with packed rows,
+ * mode normal (0) or neox, 0 < n_dims <= head_dim and even (n_dims < 0: head_dim), one i32
+ * position per token */
+static struct ggml_tensor * ggml_py_rope(struct ggml_context * ctx, struct ggml_tensor * a,
+                                         struct ggml_tensor * pos, int64_t n_dims, int mode,
+                                         int n_ctx_orig, double freq_base, double freq_scale,
+                                         double ext_factor, double attn_factor, double beta_fast,
+                                         double beta_slow, uint64_t types) {
+    if (n_dims < 0) {
+        n_dims = a->ne[0];
+    }
+    if (!ggml_py_type_in(a, types) || !ggml_py_rows(a) ||
+        (mode != 0 && mode != GGML_ROPE_TYPE_NEOX) || n_dims <= 0 || n_dims > a->ne[0] ||
+        n_dims % 2 != 0 || n_ctx_orig < 0 || pos->type != GGML_TYPE_I32 || pos->ne[1] != 1 ||
+        pos->ne[2] != 1 || pos->ne[3] != 1 || pos->ne[0] != a->ne[2]) {
+        return NULL;
+    }
+    return ggml_rope_ext(ctx, a, pos, NULL, (int) n_dims, mode, n_ctx_orig, (float) freq_base,
+                         (float) freq_scale, (float) ext_factor, (float) attn_factor,
+                         (float) beta_fast, (float) beta_slow);
+}
+
+/* ops/shape.reshape of memory not yet placed: a contiguous, the same element count, every
+ * dim >= 1, quantized blocks not split */
+static struct ggml_tensor * ggml_py_reshape(struct ggml_context * ctx, struct ggml_tensor * a,
+                                            int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
+    if (ne0 < 1 || ne1 < 1 || ne2 < 1 || ne3 < 1 || !ggml_py_unplaced(a) ||
+        !ggml_is_contiguous(a) || ne0 % ggml_blck_size(a->type) != 0 ||
+        ne0 > INT64_MAX / ne1 || ne0 * ne1 > INT64_MAX / ne2 || ne0 * ne1 * ne2 > INT64_MAX / ne3 ||
+        ne0 * ne1 * ne2 * ne3 != ggml_nelements(a)) {
+        return NULL;
+    }
+    return ggml_reshape_4d(ctx, a, ne0, ne1, ne2, ne3);
+}
+
+/* ops/shape.permute of memory not yet placed: ggml's axes a permutation of 0..3, a quantized
+ * tensor's first axis kept */
+static struct ggml_tensor * ggml_py_permute(struct ggml_context * ctx, struct ggml_tensor * a,
+                                            int p0, int p1, int p2, int p3) {
+    int seen = 0;
+    int p[4] = {p0, p1, p2, p3};
+    for (int i = 0; i < 4; i++) {
+        if (p[i] < 0 || p[i] > 3 || (seen >> p[i]) & 1) {
+            return NULL;
+        }
+        seen |= 1 << p[i];
+    }
+    if (!ggml_py_unplaced(a) || (ggml_blck_size(a->type) != 1 && p0 != 0)) {
+        return NULL;
+    }
+    return ggml_permute(ctx, a, p0, p1, p2, p3);
+}
+
+/* ops/shape.cont: a contiguous copy; gathering a view only of the types the copy kernels
+ * gather */
+static struct ggml_tensor * ggml_py_cont(struct ggml_context * ctx, struct ggml_tensor * a,
+                                         uint64_t strided_types) {
+    if (!ggml_is_contiguous(a) && !ggml_py_type_in(a, strided_types)) {
+        return NULL;
+    }
+    return ggml_cont(ctx, a);
+}

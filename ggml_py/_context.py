@@ -186,6 +186,32 @@ class Context(Owned):
                               shape if shape is not None and len(shape) == ndim else None, True)
         return Tensor(p, self, ndim)
 
+    def checked(self, helper: Any, args: tuple[Any, ...], ndim: int) -> Tensor | None:
+        """The result of a checked op (``helper(raw_context, *args)``, one of helpers.c's
+        ggml_py_* builders: they build one tensor when the operands pass the op's rule, and
+        return NULL before calling ggml otherwise) as a tensor of this context; None when the
+        helper refused, and the op then takes its Python path. Operands are this context's."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._raw is None:
+                raise ClosedError("this tensor's context is closed")
+            free = self._free - 1
+            try:
+                if free >= 0:
+                    self._free = free
+                    p = helper(self._head, *args)
+                else:
+                    p = helper(self._room(1), *args)
+            except (OverflowError, TypeError):  # an argument C cannot take: the Python path
+                p = None                        # says why
+            if not p:
+                self._free += 1                 # (nothing was built)
+                return None
+        finally:
+            lock.release()
+        return Tensor(p, self, ndim)
+
     def _build_shared(self, fn: Callable[..., Any], args: Iterable[Any],
                       uses: Iterable[TensorBase], room: int, view: bool) -> Any:
         """build() with operands of other contexts: they are recorded as this context's

@@ -9,8 +9,10 @@ dependencies (for graphs and ``Tensor.src``).
 """
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from .._loader import lib
 from .._types import TYPES
 from .._tensor_base import MAX_DIMS, TensorBase, float_of, index_of
 from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
@@ -54,6 +56,33 @@ RELEASE = _release()
 for (_rule, _type), _since in CPU_TYPES_SINCE.items():
     if RELEASE < _since:
         CPU_TYPES[_rule] = CPU_TYPES[_rule] - {_type}
+
+
+def type_mask(names: Iterable[str]) -> int:
+    """The types named, as the bitmask helpers.c's checked ops take (bit t: enum value t)."""
+    m = 0
+    for n in names:
+        t = TYPES.get(n)
+        if t is not None and int(t) < 64:
+            m |= 1 << int(t)
+    return m
+
+
+def cpu_mask(rule: str) -> int:
+    """type_mask of the types CPU_TYPES allows for `rule` (quantized ones included where it
+    says so)."""
+    allowed = CPU_TYPES[rule]
+    return type_mask(n for n, t in TYPES.items()
+                     if n in allowed or ("quantized" in allowed and t.block_size > 1))
+
+
+#: helpers.c's checked ops (a ggml op built in one call when the operands pass the op's rule,
+#: NULL before ggml is called otherwise; see Context.checked); None for ABI-mode bindings or
+#: with GGML_PY_NO_CHECKED=1 set, and every op then takes its Python path (tests/test_checked.py
+#: runs the same generated calls both ways)
+CHECKED: Any = (lib if hasattr(lib, "ggml_py_binary") and not os.environ.get("GGML_PY_NO_CHECKED")
+                else None)
+FLOAT_MASK = type_mask(FLOAT)
 
 
 def tensor(x: Any, op: str, what: str = "a") -> Tensor:
@@ -170,4 +199,5 @@ def build(owner: TensorBase, fn: Callable[..., Any], *args: Any, ndim: int | Non
 __all__ = ["FLOAT", "FLOAT_TYPES", "CPU_TYPES", "CPU_TYPES_SINCE", "RELEASE", "MAX_DIMS", "tensor", "floats",
            "cpu_type", "rows", "blas_rows", "blas_rows_ok", "contiguous",
 
-           "can_repeat", "prod", "need", "build", "float_of", "index_of"]
+           "can_repeat", "prod", "need", "build", "float_of", "index_of", "type_mask",
+           "cpu_mask", "CHECKED", "FLOAT_MASK"]

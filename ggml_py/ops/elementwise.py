@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .._loader import lib
+from .._loader import ffi, lib
 from .._tensor_base import TensorBase
 from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
-from ._common import (CPU_TYPES, FLOAT_TYPES, MAX_DIMS, build, can_repeat, contiguous, cpu_type, float_of,
+from ._common import (CHECKED, CPU_TYPES, FLOAT_MASK, FLOAT_TYPES, cpu_mask, MAX_DIMS, build, can_repeat, contiguous, cpu_type, float_of,
                       floats, need, rows, scalable, tensor)
 from .shape import cont, repeat
 
@@ -33,7 +33,7 @@ def _broadcast(a: Tensor, b: Tensor, name: str) -> tuple[Tensor, Tensor]:
     """(a', b') with numpy broadcasting made explicit where ggml's repeat rule needs it: `a`
     packed, then both repeated to the broadcast shape where ggml's repeat cannot tile b."""
     a = _packed(a)
-    if a.ne == b.ne and a.ndim == b.ndim:
+    if a.ne == b.ne:            # (numpy's shape is the one with more axes: ndim says it)
         return a, b
     try:
         shape = tuple(np.broadcast_shapes(a.shape, b.shape))
@@ -47,6 +47,10 @@ def _broadcast(a: Tensor, b: Tensor, name: str) -> tuple[Tensor, Tensor]:
     return a, b
 
 
+# ggml's binary builders as C function pointers, for helpers.c's checked binary op
+_FN2 = {n: ffi.addressof(lib, f"ggml_{n}") for n in ("add", "sub", "mul", "div")} if CHECKED else {}
+
+
 def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = False) -> Tensor:
     """ggml's binary op `fn` (ggml_add...) on `a` and `b`: the one place of the rule of
     gg.add/sub/mul/div and of the operators ``+ - * /`` (`numpy`: numpy's broadcasting made
@@ -55,6 +59,14 @@ def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = Fals
     The rule reads the facts each tensor caches (shape, type, strides: read from ggml once,
     or given by the op that made the tensor), so a chain of ops costs little more than its
     ggml calls; the result is built the one way every op's is (``Context.build``)."""
+    if CHECKED is not None and isinstance(a, TensorBase) and isinstance(b, TensorBase):
+        ctx: Context = a.ctx
+        if b.ctx is ctx:                # the rule's common case in one C call (helpers.c)
+            nd, nd_b = a.ndim, b.ndim
+            t = ctx.checked(CHECKED.ggml_py_binary, (_FN2[name], a._p, b._p, FLOAT_MASK, numpy),
+                            nd if nd >= nd_b else nd_b)
+            if t is not None:
+                return t
     if (not isinstance(a, TensorBase) or not isinstance(b, TensorBase) or a.ctx._raw is None
             or b.ctx._raw is None):
         a, b = tensor(a, name, "a"), tensor(b, name, "b")   # InvalidType / ClosedError
@@ -65,7 +77,7 @@ def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = Fals
     if tb is None or ne_b is None or not nd_b:
         tb, ne_b, nd_b = b.type, b.ne, b.ndim
     same = ne_a == ne_b
-    if numpy and (not same or nd_a != nd_b or (nb_a[0] != ta._size and ta._block == 1)):
+    if numpy and (not same or (nb_a[0] != ta._size and ta._block == 1)):
         # numpy semantics: a strided `a` copied, shapes broadcast (ggml's repeat where it
         # cannot tile b); the facts are then those of the new operands
         a, b = _broadcast(a, b, name)
@@ -83,7 +95,7 @@ def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = Fals
         raise InvalidType(f"{name}: mixed types {ta.name} and {tb.name}")
     if nb_a[0] != ta._size and ta._block == 1:          # a's rows must be packed
         rows(name, ("a", a))
-    ctx: Context = a.ctx
+    ctx = a.ctx
     return ctx.build(fn, (a._p, b._p), nd_a if nd_a >= nd_b else nd_b,
                      () if b.ctx is ctx else (b,), 1, like=a)
 
@@ -142,8 +154,15 @@ def fill(a: Tensor, value: float) -> Tensor:
 
 def _unary(fn_name: str, name: str) -> Callable[[Tensor], Tensor]:
     fn = getattr(lib, fn_name, None)
+    # the rule below as helpers.c checks it: the float types the kernels compute
+    fast = ffi.addressof(lib, fn_name) if CHECKED is not None and fn is not None else None
+    types = cpu_mask(name) if name in CPU_TYPES else FLOAT_MASK
 
     def op(a: Tensor) -> Tensor:
+        if fast is not None and isinstance(a, TensorBase):
+            t = a.ctx.checked(CHECKED.ggml_py_unary, (fast, a._p, types), a.ndim)
+            if t is not None:
+                return t
         a = tensor(a, name)
         if fn is None:
             raise UnsupportedError(f"{name} is not in this ggml release")

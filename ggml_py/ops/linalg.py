@@ -12,15 +12,29 @@ import numpy as np
 
 from .._loader import lib
 from ..errors import InvalidArgument, InvalidType, require
-from ._common import FLOAT, blas_rows, blas_rows_ok, build, cpu_type, prod, rows, tensor
+from .._tensor_base import TensorBase
+from .._types import TYPES
+from ._common import (CHECKED, FLOAT, FLOAT_MASK, blas_rows, blas_rows_ok, build, cpu_type, prod,
+                      rows, tensor, type_mask)
 from .shape import cont, repeat, reshape, transpose
 
 if TYPE_CHECKING:
     from .._tensor import Tensor
 
+# mul_mat's `a`: float or quantized (the CPU has dot products for those only)
+_MM_A = type_mask(n for n, t in TYPES.items() if n in FLOAT or t.block_size > 1)
+
 
 def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     """ggml_mul_mat: result ne = [a.ne1, b.ne1, b.ne2, b.ne3] (numpy: b @ a.T), f32."""
+    if CHECKED is not None and isinstance(a, TensorBase) and isinstance(b, TensorBase):
+        ctx = a.ctx
+        if b.ctx is ctx:                # the rule below in one C call (helpers.c)
+            nd, nd_b = a.ndim, b.ndim
+            t = ctx.checked(CHECKED.ggml_py_mul_mat, (a._p, b._p, _MM_A, FLOAT_MASK),
+                            max(nd, nd_b, 2))
+            if t is not None:
+                return t
     a, b = tensor(a, "mul_mat", "a"), tensor(b, "mul_mat", "b")
     require(a.ne[0] == b.ne[0], f"mul_mat: inner dims differ (a.ne0={a.ne[0]}, b.ne0={b.ne[0]})")
     require(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0,

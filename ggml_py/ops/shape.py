@@ -7,19 +7,50 @@ import builtins
 from typing import TYPE_CHECKING, Any
 
 from .._loader import lib
-from .._tensor_base import shape_of
+from .._tensor_base import TensorBase, shape_of
 from .._types import GGMLType
 from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
-from ._common import (FLOAT, MAX_DIMS, build, contiguous, cpu_type, index_of, need, prod, rows,
-                      tensor)
+from ._common import (CHECKED, FLOAT, MAX_DIMS, build, contiguous, cpu_mask, cpu_type, index_of,
+                      need, prod, rows, tensor)
 
 if TYPE_CHECKING:
     from .._tensor import Tensor
+
+#: (ndim, numpy axes) -> ggml's permutation, for each valid permutation met (axes of ints)
+_PERMS: dict[tuple[int, tuple[int, ...]], tuple[int, ...]] = {}
+_STRIDED = cpu_mask("strided copy")      # the types cont gathers from a view
+
+
+def _plain_ne(shape: tuple[Any, ...]) -> tuple[int, int, int, int] | None:
+    """ggml's ne for a numpy-order shape of 1 to 4 plain ints (None for anything else: the
+    Python path parses it)."""
+    n = len(shape)
+    if n == 1:
+        s0, = shape
+        return (s0, 1, 1, 1) if s0.__class__ is int else None
+    if n == 2:
+        s0, s1 = shape
+        return (s1, s0, 1, 1) if s0.__class__ is int and s1.__class__ is int else None
+    if n == 3:
+        s0, s1, s2 = shape
+        return ((s2, s1, s0, 1) if s0.__class__ is int and s1.__class__ is int
+                and s2.__class__ is int else None)
+    if n == 4:
+        s0, s1, s2, s3 = shape
+        return ((s3, s2, s1, s0) if s0.__class__ is int and s1.__class__ is int
+                and s2.__class__ is int and s3.__class__ is int else None)
+    return None
 
 
 def reshape(a: Tensor, shape: Any) -> Tensor:
     """A view of contiguous `a` with another numpy-order shape (same element count; one axis
     may be -1)."""
+    if CHECKED is not None and shape.__class__ is tuple and isinstance(a, TensorBase):
+        ne = _plain_ne(shape)
+        if ne is not None:              # the rule below in one C call (helpers.c)
+            t = a.ctx.checked(CHECKED.ggml_py_reshape, (a._p, *ne), len(shape))
+            if t is not None:
+                return t
     a = tensor(a, "reshape")
     if isinstance(shape, (str, bytes)):
         raise InvalidType(f"reshape: shape must be ints, not {shape!r}")
@@ -74,6 +105,17 @@ def view(a: Tensor, shape: Any, offset: int = 0, strides: Any = None) -> Tensor:
 
 def permute(a: Tensor, axes: Any) -> Tensor:
     """numpy's ``np.transpose(a, axes)`` as a view."""
+    if CHECKED is not None and isinstance(a, TensorBase):
+        nd = a.ndim
+        gperm = _PERMS.get((nd, axes)) if axes.__class__ is tuple else None
+        if gperm is not None:           # a permutation met before, checked in C (helpers.c)
+            for x in axes:
+                if x.__class__ is not int:      # (True == 1: a bool must meet index_of)
+                    break
+            else:
+                t = a.ctx.checked(CHECKED.ggml_py_permute, (a._p, *gperm), nd)
+                if t is not None:
+                    return t
     a = tensor(a, "permute")
     n = a.ndim
     if isinstance(axes, (str, bytes)):
@@ -91,6 +133,8 @@ def permute(a: Tensor, axes: Any) -> Tensor:
     require(a.type.block_size == 1 or gperm[0] == 0,
             f"permute: the last axis of a {a.type.name} tensor holds its quantized blocks and "
             "cannot move", InvalidType)
+    if axes.__class__ is tuple and all(x.__class__ is int for x in axes) and len(_PERMS) < 4096:
+        _PERMS[(n, axes)] = tuple(gperm)      # (a valid permutation of n axes: reused as is)
     return build(a, lib.ggml_permute, a.ptr, *gperm, ndim=n, view=True)
 
 
@@ -104,6 +148,10 @@ def transpose(a: Tensor) -> Tensor:
 
 def cont(a: Tensor) -> Tensor:
     """A contiguous copy of `a` (any layout)."""
+    if CHECKED is not None and isinstance(a, TensorBase):      # the rule below in C
+        t = a.ctx.checked(CHECKED.ggml_py_cont, (a._p, _STRIDED), a.ndim)
+        if t is not None:
+            return t
     a = tensor(a, "cont")
     if not a.is_contiguous:                      # gathering a view: CUDA's copy kernels
         cpu_type(a, "cont", "strided copy")
