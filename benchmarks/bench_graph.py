@@ -57,11 +57,16 @@ print(best)
 def build_peer(n):
     """The chain built through the ctypes peer (ggml-python 0.0.45) in a child process; None
     when the peer is not installed."""
+    return _peer(PEER.format(n=n))
+
+
+def _peer(script):
+    """The float a script printed, run with the ctypes peer importable; None without it."""
     extra = os.environ.get("GGML_PY_PEER_PATH")
     env = dict(os.environ)
     if extra:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (extra, env.get("PYTHONPATH")) if p)
-    r = subprocess.run([sys.executable, "-c", PEER.format(n=n)], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True,
                        text=True, env=env, cwd="/")
     return float(r.stdout) if r.returncode == 0 else None
 
@@ -80,6 +85,94 @@ def build_raw(n):
         return time.perf_counter() - t0
     finally:
         lib.ggml_free(ctx)
+
+
+# a transformer-like layer (llama's shape: norms, attention with rope and a mask, a gated
+# MLP), 31 ggml tensors per layer; E model width, H heads of D, T tokens, F MLP width
+E, H, D, T, F = 256, 4, 64, 8, 512
+WEIGHTS = [(E,), (E, E), (E, E), (E, E), (E, E), (E,), (F, E), (F, E), (E, F)]   # numpy order
+
+
+def transformer_pythonic(layers):
+    """(seconds, tensors built) for `layers` layers through ggml_py's ggml-level ops."""
+    with gg.Context() as ctx:
+        ws = [[ctx.tensor(gg.f32, s) for s in WEIGHTS] for _ in range(layers)]
+        x = ctx.tensor(gg.f32, (T, E))
+        pos = ctx.tensor(gg.i32, (T,))
+        mask = ctx.tensor(gg.f32, (T, T))
+        before = ctx.n_tensors()
+        t0 = time.perf_counter()
+        for an, wq, wk, wv, wo, fn, w1, w3, w2 in ws:
+            h = gg.mul(gg.rms_norm(x, 1e-5), an)
+            q = gg.reshape(gg.mul_mat(wq, h), (T, H, D))
+            k = gg.reshape(gg.mul_mat(wk, h), (T, H, D))
+            v = gg.reshape(gg.mul_mat(wv, h), (T, H, D))
+            q = gg.permute(gg.rope_ext(q, pos), (1, 0, 2))
+            k = gg.permute(gg.rope_ext(k, pos), (1, 0, 2))
+            kq = gg.soft_max(gg.mul_mat(k, q), mask, 0.125)
+            vt = gg.cont(gg.permute(v, (1, 2, 0)))
+            kqv = gg.cont(gg.permute(gg.mul_mat(vt, kq), (1, 0, 2)))
+            x = gg.add(gg.mul_mat(wo, gg.reshape(kqv, (T, E))), x)
+            h = gg.mul(gg.rms_norm(x, 1e-5), fn)
+            g = gg.silu(gg.mul_mat(w1, h))
+            x = gg.add(gg.mul_mat(w2, gg.mul(g, gg.mul_mat(w3, h))), x)
+        return time.perf_counter() - t0, ctx.n_tensors() - before
+
+
+# the same layers through raw bindings: `L` is the module of ggml functions (our cffi lib, or
+# the peer's ctypes module), `N` its NULL
+TRANSFORMER_RAW = """
+def transformer_raw(L, N, F32, I32, layers, tensor_overhead):
+    import time
+    E, H, D, T, F = {E}, {H}, {D}, {T}, {F}
+    ctx = L.ggml_init(L.ggml_init_params(mem_size=tensor_overhead * (layers * 48 + 64),
+                                         mem_buffer=N, no_alloc=True)) if hasattr(
+        L, "ggml_init_params") else L.ggml_init(PARAMS(tensor_overhead * (layers * 48 + 64)))
+    t1 = lambda a: L.ggml_new_tensor_1d(ctx, F32, a)
+    t2 = lambda a, b: L.ggml_new_tensor_2d(ctx, F32, a, b)
+    ws = [[t1(E), t2(E, E), t2(E, E), t2(E, E), t2(E, E), t1(E), t2(E, F), t2(E, F), t2(F, E)]
+          for _ in range(layers)]
+    x, pos, mask = t2(E, T), L.ggml_new_tensor_1d(ctx, I32, T), t2(T, T)
+    t0 = time.perf_counter()
+    for an, wq, wk, wv, wo, fn, w1, w3, w2 in ws:
+        h = L.ggml_mul(ctx, L.ggml_rms_norm(ctx, x, 1e-5), an)
+        q = L.ggml_reshape_3d(ctx, L.ggml_mul_mat(ctx, wq, h), D, H, T)
+        k = L.ggml_reshape_3d(ctx, L.ggml_mul_mat(ctx, wk, h), D, H, T)
+        v = L.ggml_reshape_3d(ctx, L.ggml_mul_mat(ctx, wv, h), D, H, T)
+        q = L.ggml_permute(ctx, L.ggml_rope_ext(ctx, q, pos, N, D, 0, 0, 10000.0, 1.0, 0.0, 1.0,
+                                                32.0, 1.0), 0, 2, 1, 3)
+        k = L.ggml_permute(ctx, L.ggml_rope_ext(ctx, k, pos, N, D, 0, 0, 10000.0, 1.0, 0.0, 1.0,
+                                                32.0, 1.0), 0, 2, 1, 3)
+        kq = L.ggml_soft_max_ext(ctx, L.ggml_mul_mat(ctx, k, q), mask, 0.125, 0.0)
+        vt = L.ggml_cont(ctx, L.ggml_permute(ctx, v, 1, 2, 0, 3))
+        kqv = L.ggml_cont(ctx, L.ggml_permute(ctx, L.ggml_mul_mat(ctx, vt, kq), 0, 2, 1, 3))
+        x = L.ggml_add(ctx, L.ggml_mul_mat(ctx, wo, L.ggml_reshape_2d(ctx, kqv, E, T)), x)
+        h = L.ggml_mul(ctx, L.ggml_rms_norm(ctx, x, 1e-5), fn)
+        g = L.ggml_silu(ctx, L.ggml_mul_mat(ctx, w1, h))
+        x = L.ggml_add(ctx, L.ggml_mul_mat(ctx, w2, L.ggml_mul(ctx, g, L.ggml_mul_mat(ctx, w3, h))), x)
+    dt = time.perf_counter() - t0
+    L.ggml_free(ctx)
+    return dt
+""".format(E=E, H=H, D=D, T=T, F=F)
+
+PEER_TRANSFORMER = TRANSFORMER_RAW + """
+import ggml
+print(min(transformer_raw(ggml, None, ggml.GGML_TYPE_F32, ggml.GGML_TYPE_I32, {layers},
+                          ggml.ggml_tensor_overhead()) for _ in range(3)))
+"""
+
+
+def transformer_raw(layers):
+    ns = {"PARAMS": lambda size: ffi.new("struct ggml_init_params *", {
+        "mem_size": size, "mem_buffer": ffi.NULL, "no_alloc": True})[0]}
+    exec(TRANSFORMER_RAW, ns)
+    return ns["transformer_raw"](lib, ffi.NULL, lib.GGML_TYPE_F32, lib.GGML_TYPE_I32, layers,
+                                 int(lib.ggml_tensor_overhead()))
+
+
+def transformer_peer(layers):
+    """The same layers through the ctypes peer, in a child process; None when not installed."""
+    return _peer(PEER_TRANSFORMER.replace("{layers}", str(layers)))
 
 
 def build_and_graph_pythonic(n):
@@ -272,6 +365,23 @@ def main():
     else:
         print(f"  ctypes peer (ggml-python 0.0.45, child process): {peer / n * 1e6:.2f} us/node; "
               f"ggml_py is {py / peer:.2f}x the peer")
+
+    layers = 32
+    runs = [transformer_pythonic(layers) for _ in range(3)]
+    py, nodes = min(r[0] for r in runs), runs[0][1]
+    raw = min(transformer_raw(layers) for _ in range(3))
+    peer = transformer_peer(layers)
+    print(f"build a transformer-like graph ({layers} layers, {nodes // layers} tensors each): "
+          f"ggml_py {py / nodes * 1e6:.2f} us/node, raw cffi {raw / nodes * 1e6:.2f} us/node "
+          f"({py / raw:.2f}x)")
+    if peer is None:
+        print("  ctypes peer (ggml-python 0.0.45): not installed")
+    else:
+        print(f"  ctypes peer (ggml-python 0.0.45, child process): {peer / nodes * 1e6:.2f} "
+              f"us/node; ggml_py is {py / peer:.2f}x the peer")
+    for big in (1000, 100_000):       # per-node cost against the size of the graph
+        per = min(build_pythonic(big) for _ in range(3)) / big
+        print(f"  build {big} adds: ggml_py {per * 1e6:.2f} us/node")
 
     py = min(build_and_graph_pythonic(n) for _ in range(3))
     raw = min(build_and_graph_raw(n) for _ in range(3))

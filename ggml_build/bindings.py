@@ -241,6 +241,7 @@ struct ggml_py_prep { int32_t status; int32_t need_alloc; struct ggml_tensor * t
 int ggml_py_prepare(struct ggml_cgraph * g, ggml_backend_t be, ggml_backend_dev_t dev,
                     ggml_backend_dev_t cpu, int op_get_rows, int op_set_rows,
                     struct ggml_tensor ** index_out, int index_cap, struct ggml_py_prep * out);
+int64_t ggml_py_room(struct ggml_context * ctx);
 typedef struct ggml_tensor * (*ggml_py_fn1)(struct ggml_context *, struct ggml_tensor *);
 typedef struct ggml_tensor * (*ggml_py_fn2)(struct ggml_context *, struct ggml_tensor *,
                                             struct ggml_tensor *);

@@ -200,7 +200,15 @@ static int ggml_py_prepare(struct ggml_cgraph * g, ggml_backend_t be, ggml_backe
  * generates operands to hold them to that. Type rules come from Python as bitmasks of
  * enum ggml_type values (bit t set: type t allowed), so the tables stay in ops/.
  *
- * Each builds exactly one tensor record in `ctx` (the caller reserved room for one). */
+ * Each builds exactly one tensor record in `ctx`, and refuses when there is no room for it (the
+ * Python path then opens a new chunk). */
+
+/* how many more tensor records fit in ctx (ggml_new_object aborts when one does not): the one
+ * count of room, read by Context._room before the Python path builds and by every checked op */
+static int64_t ggml_py_room(struct ggml_context * ctx) {
+    int64_t left = (int64_t) ggml_get_mem_size(ctx) - (int64_t) ggml_used_mem(ctx);
+    return left / (int64_t) ggml_tensor_overhead() - 1;      /* (- 1: alignment slack) */
+}
 
 typedef struct ggml_tensor * (*ggml_py_fn1)(struct ggml_context *, struct ggml_tensor *);
 typedef struct ggml_tensor * (*ggml_py_fn2)(struct ggml_context *, struct ggml_tensor *,
@@ -226,6 +234,9 @@ static int ggml_py_unplaced(const struct ggml_tensor * t) {
 static struct ggml_tensor * ggml_py_binary(struct ggml_context * ctx, ggml_py_fn2 fn,
                                            struct ggml_tensor * a, struct ggml_tensor * b,
                                            uint64_t types, int numpy) {
+    if (ggml_py_room(ctx) < 1) {
+        return NULL;
+    }
     if (!ggml_py_type_in(a, types) || !ggml_py_type_in(b, types) ||
         (a->type != b->type && b->type != GGML_TYPE_F32) || ggml_blck_size(a->type) != 1 ||
         a->nb[0] != (size_t) ggml_type_size(a->type)) {
@@ -242,6 +253,9 @@ static struct ggml_tensor * ggml_py_binary(struct ggml_context * ctx, ggml_py_fn
 /* ops/elementwise._unary: a type the kernels compute, packed rows, contiguous */
 static struct ggml_tensor * ggml_py_unary(struct ggml_context * ctx, ggml_py_fn1 fn,
                                           struct ggml_tensor * a, uint64_t types) {
+    if (ggml_py_room(ctx) < 1) {
+        return NULL;
+    }
     if (!ggml_py_type_in(a, types) || !ggml_py_rows(a) || !ggml_is_contiguous(a)) {
         return NULL;
     }
@@ -254,6 +268,9 @@ static struct ggml_tensor * ggml_py_unary(struct ggml_context * ctx, ggml_py_fn1
 static struct ggml_tensor * ggml_py_mul_mat(struct ggml_context * ctx, struct ggml_tensor * a,
                                             struct ggml_tensor * b, uint64_t a_types,
                                             uint64_t b_types) {
+    if (ggml_py_room(ctx) < 1) {
+        return NULL;
+    }
     if (!ggml_py_type_in(a, a_types) || !ggml_py_type_in(b, b_types) || a->ne[0] != b->ne[0] ||
         a->ne[2] <= 0 || a->ne[3] <= 0 || b->ne[2] % a->ne[2] != 0 ||
         b->ne[3] % a->ne[3] != 0 || ggml_is_transposed(a) || !ggml_py_rows(a) ||
@@ -273,6 +290,9 @@ static struct ggml_tensor * ggml_py_mul_mat(struct ggml_context * ctx, struct gg
 /* ops/nn.norm and rms_norm (`rms` picks): a type the kernel computes, eps >= 0, packed rows */
 static struct ggml_tensor * ggml_py_norm(struct ggml_context * ctx, struct ggml_tensor * a,
                                          double eps, uint64_t types, int rms) {
+    if (ggml_py_room(ctx) < 1) {
+        return NULL;
+    }
     if (!ggml_py_type_in(a, types) || !(eps >= 0.0) || !ggml_py_rows(a)) {
         return NULL;
     }
@@ -285,6 +305,9 @@ static struct ggml_tensor * ggml_py_norm(struct ggml_context * ctx, struct ggml_
 static struct ggml_tensor * ggml_py_soft_max(struct ggml_context * ctx, struct ggml_tensor * a,
                                              struct ggml_tensor * mask, double scale,
                                              double max_bias, uint64_t types) {
+    if (ggml_py_room(ctx) < 1) {
+        return NULL;
+    }
     if (!ggml_py_type_in(a, types) || !ggml_is_contiguous(a)) {
         return NULL;
     }
@@ -309,6 +332,9 @@ static struct ggml_tensor * ggml_py_rope(struct ggml_context * ctx, struct ggml_
                                          int n_ctx_orig, double freq_base, double freq_scale,
                                          double ext_factor, double attn_factor, double beta_fast,
                                          double beta_slow, uint64_t types) {
+    if (ggml_py_room(ctx) < 1) {
+        return NULL;
+    }
     if (n_dims < 0) {
         n_dims = a->ne[0];
     }
@@ -327,6 +353,9 @@ static struct ggml_tensor * ggml_py_rope(struct ggml_context * ctx, struct ggml_
  * dim >= 1, quantized blocks not split */
 static struct ggml_tensor * ggml_py_reshape(struct ggml_context * ctx, struct ggml_tensor * a,
                                             int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
+    if (ggml_py_room(ctx) < 1) {
+        return NULL;
+    }
     if (ne0 < 1 || ne1 < 1 || ne2 < 1 || ne3 < 1 || !ggml_py_unplaced(a) ||
         !ggml_is_contiguous(a) || ne0 % ggml_blck_size(a->type) != 0 ||
         ne0 > INT64_MAX / ne1 || ne0 * ne1 > INT64_MAX / ne2 || ne0 * ne1 * ne2 > INT64_MAX / ne3 ||
@@ -340,6 +369,9 @@ static struct ggml_tensor * ggml_py_reshape(struct ggml_context * ctx, struct gg
  * tensor's first axis kept */
 static struct ggml_tensor * ggml_py_permute(struct ggml_context * ctx, struct ggml_tensor * a,
                                             int p0, int p1, int p2, int p3) {
+    if (ggml_py_room(ctx) < 1) {
+        return NULL;
+    }
     int seen = 0;
     int p[4] = {p0, p1, p2, p3};
     for (int i = 0; i < 4; i++) {
@@ -358,6 +390,9 @@ static struct ggml_tensor * ggml_py_permute(struct ggml_context * ctx, struct gg
  * gather */
 static struct ggml_tensor * ggml_py_cont(struct ggml_context * ctx, struct ggml_tensor * a,
                                          uint64_t strided_types) {
+    if (ggml_py_room(ctx) < 1) {
+        return NULL;
+    }
     if (!ggml_is_contiguous(a) && !ggml_py_type_in(a, strided_types)) {
         return NULL;
     }

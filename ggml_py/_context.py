@@ -51,6 +51,14 @@ class _Export:
         self.memory: list[Any] = []
 
 
+def _records_left_py(raw: Any) -> int:
+    """ggml_py_room for bindings without helpers.c."""
+    return (int(lib.ggml_get_mem_size(raw)) - int(lib.ggml_used_mem(raw))) // _OVERHEAD - 1
+
+
+_records_left: Callable[[Any], int] = getattr(lib, "ggml_py_room", None) or _records_left_py
+
+
 def _init_view(p: Any) -> None:
     """A view of allocated memory is usable at once (called holding the context's lock: a
     buffer closing meanwhile takes it first, so the source's memory cannot go under ggml)."""
@@ -87,7 +95,6 @@ class Context(Owned):
         self._chunks: list[_Chunk] = []
         self._spans = [self._span(first)]
         self._head = first                 # the newest chunk, where tensors are made
-        self._free = capacity              # tensors the newest chunk still has room for (+64)
         self._keep: list[Any] = []         # graphs/allocators/schedulers that placed memory here
         self._buffers: list[Buffer] = []   # buffers made for its tensors
         self._uses: set[Context] = set()   # other contexts its tensors read (strong)
@@ -116,16 +123,15 @@ class Context(Owned):
 
     def _room(self, n: int = 8) -> Any:
         """The raw chunk with room for `n` more tensors (opening a new chunk when needed).
-        Callers hold the lock."""
-        self.ptr
-        if self._free < n:
+        Callers hold the lock. Room is what ggml says is left (``_records_left``), the one
+        count both the Python path and the checked ops read."""
+        self.ptr                                # (ClosedError once closed)
+        if _records_left(self._head) < n:
             raw = self._new_chunk()
             chunk = _Chunk(raw, lib.ggml_free, parents=(self,))
             self._chunks.append(chunk)
             self._spans.append(self._span(raw))
-            self._free = self._capacity
             self._head = raw
-        self._free -= n
         return self._head
 
     def _raws(self) -> list[Any]:
@@ -162,12 +168,7 @@ class Context(Owned):
             try:
                 if self._raw is None:
                     raise ClosedError("this tensor's context is closed")
-                free = self._free - room
-                if free >= 0:                   # (the common case of _room)
-                    self._free = free
-                    p = fn(self._head, *args)
-                else:
-                    p = fn(self._room(room), *args)
+                p = fn(self._room(room), *args)
                 if view and p:
                     _init_view(p)
             finally:
@@ -196,21 +197,12 @@ class Context(Owned):
         try:
             if self._raw is None:
                 raise ClosedError("this tensor's context is closed")
-            free = self._free - 1
-            try:
-                if free >= 0:
-                    self._free = free
-                    p = helper(self._head, *args)
-                else:
-                    p = helper(self._room(1), *args)
-            except (OverflowError, TypeError):  # an argument C cannot take: the Python path
-                p = None                        # says why
-            if not p:
-                self._free += 1                 # (nothing was built)
-                return None
+            p = helper(self._head, *args)       # (NULL too when the chunk is full)
+        except (OverflowError, TypeError):      # an argument C cannot take: the Python path
+            return None                         # says why
         finally:
             lock.release()
-        return Tensor(p, self, ndim)
+        return Tensor(p, self, ndim) if p else None
 
     def _build_shared(self, fn: Callable[..., Any], args: Iterable[Any],
                       uses: Iterable[TensorBase], room: int, view: bool) -> Any:

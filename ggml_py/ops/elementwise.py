@@ -49,6 +49,7 @@ def _broadcast(a: Tensor, b: Tensor, name: str) -> tuple[Tensor, Tensor]:
 
 # ggml's binary builders as C function pointers, for helpers.c's checked binary op
 _FN2 = {n: ffi.addressof(lib, f"ggml_{n}") for n in ("add", "sub", "mul", "div")} if CHECKED else {}
+_BINARY = CHECKED.ggml_py_binary if CHECKED is not None else None
 
 
 def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = False) -> Tensor:
@@ -62,8 +63,8 @@ def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = Fals
     if CHECKED is not None and isinstance(a, TensorBase) and isinstance(b, TensorBase):
         ctx: Context = a.ctx
         if b.ctx is ctx:                # the rule's common case in one C call (helpers.c)
-            nd, nd_b = a.ndim, b.ndim
-            t = ctx.checked(CHECKED.ggml_py_binary, (_FN2[name], a._p, b._p, FLOAT_MASK, numpy),
+            nd, nd_b = a._ndim or a.ndim, b._ndim or b.ndim
+            t = ctx.checked(_BINARY, (_FN2[name], a._p, b._p, FLOAT_MASK, numpy),
                             nd if nd >= nd_b else nd_b)
             if t is not None:
                 return t
