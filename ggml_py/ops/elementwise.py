@@ -161,7 +161,7 @@ def _unary(fn_name: str, name: str) -> Callable[[Tensor], Tensor]:
 
     def op(a: Tensor) -> Tensor:
         if fast is not None and isinstance(a, TensorBase):
-            t = a.ctx.checked(CHECKED.ggml_py_unary, (fast, a._p, types), a.ndim)
+            t = a.ctx.checked(CHECKED.ggml_py_unary, (fast, a._p, types), a._ndim or a.ndim)
             if t is not None:
                 return t
         a = tensor(a, name)

@@ -30,9 +30,9 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     if CHECKED is not None and isinstance(a, TensorBase) and isinstance(b, TensorBase):
         ctx = a.ctx
         if b.ctx is ctx:                # the rule below in one C call (helpers.c)
-            nd, nd_b = a.ndim, b.ndim
+            nd, nd_b = a._ndim or a.ndim, b._ndim or b.ndim
             t = ctx.checked(CHECKED.ggml_py_mul_mat, (a._p, b._p, _MM_A, FLOAT_MASK),
-                            max(nd, nd_b, 2))
+                            nd if nd >= nd_b and nd >= 2 else nd_b if nd_b >= 2 else 2)
             if t is not None:
                 return t
     a, b = tensor(a, "mul_mat", "a"), tensor(b, "mul_mat", "b")

@@ -34,7 +34,7 @@ def soft_max(a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
         ctx = a.ctx
         if mask is None or (isinstance(mask, TensorBase) and mask.ctx is ctx):     # in C
             t = ctx.checked(CHECKED.ggml_py_soft_max, (a._p, ffi.NULL if mask is None else mask._p,
-                            scale, max_bias, _SOFT_MAX), a.ndim)
+                            scale, max_bias, _SOFT_MAX), a._ndim or a.ndim)
             if t is not None:
                 return t
     a = tensor(a, "soft_max")
@@ -62,7 +62,7 @@ def soft_max(a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
 def norm(a: Tensor, eps: float = 1e-5) -> Tensor:
     """Normalise each row to mean 0, variance 1 (ggml_norm); eps >= 0."""
     if CHECKED is not None and isinstance(a, TensorBase) and eps.__class__ is float:
-        t = a.ctx.checked(CHECKED.ggml_py_norm, (a._p, eps, _NORM, 0), a.ndim)   # (in C)
+        t = a.ctx.checked(CHECKED.ggml_py_norm, (a._p, eps, _NORM, 0), a._ndim or a.ndim)   # (in C)
         if t is not None:
             return t
     a = tensor(a, "norm")
@@ -75,7 +75,7 @@ def norm(a: Tensor, eps: float = 1e-5) -> Tensor:
 def rms_norm(a: Tensor, eps: float = 1e-6) -> Tensor:
     """Divide each row by its root mean square (ggml_rms_norm); eps >= 0."""
     if CHECKED is not None and isinstance(a, TensorBase) and eps.__class__ is float:
-        t = a.ctx.checked(CHECKED.ggml_py_norm, (a._p, eps, _RMS_NORM, 1), a.ndim)  # (in C)
+        t = a.ctx.checked(CHECKED.ggml_py_norm, (a._p, eps, _RMS_NORM, 1), a._ndim or a.ndim)  # (in C)
         if t is not None:
             return t
     a = tensor(a, "rms_norm")
@@ -121,7 +121,7 @@ def rope_ext(a: Tensor, pos: Tensor, n_dims: int | None = None, mode: int = ROPE
             and beta_slow.__class__ is float and (n_dims is None or n_dims > 0)):
         t = a.ctx.checked(CHECKED.ggml_py_rope, (                       # the rule below, in C
             a._p, pos._p, -1 if n_dims is None else n_dims, mode, n_ctx_orig, freq_base,
-            freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, _ROPE), a.ndim)
+            freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, _ROPE), a._ndim or a.ndim)
         if t is not None:
             return t
     a, pos = tensor(a, "rope_ext"), tensor(pos, "rope_ext", "positions")

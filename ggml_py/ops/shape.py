@@ -106,7 +106,7 @@ def view(a: Tensor, shape: Any, offset: int = 0, strides: Any = None) -> Tensor:
 def permute(a: Tensor, axes: Any) -> Tensor:
     """numpy's ``np.transpose(a, axes)`` as a view."""
     if CHECKED is not None and isinstance(a, TensorBase):
-        nd = a.ndim
+        nd = a._ndim or a.ndim
         gperm = _PERMS.get((nd, axes)) if axes.__class__ is tuple else None
         if gperm is not None:           # a permutation met before, checked in C (helpers.c)
             for x in axes:
@@ -149,7 +149,7 @@ def transpose(a: Tensor) -> Tensor:
 def cont(a: Tensor) -> Tensor:
     """A contiguous copy of `a` (any layout)."""
     if CHECKED is not None and isinstance(a, TensorBase):      # the rule below in C
-        t = a.ctx.checked(CHECKED.ggml_py_cont, (a._p, _STRIDED), a.ndim)
+        t = a.ctx.checked(CHECKED.ggml_py_cont, (a._p, _STRIDED), a._ndim or a.ndim)
         if t is not None:
             return t
     a = tensor(a, "cont")
