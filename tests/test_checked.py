@@ -127,6 +127,9 @@ def shape_for(x):
         out.append(n); rng.shuffle(out)
         if rng.random() < 0.2:
             out[rng.randrange(len(out))] = -1
+        elif rng.random() < 0.2:       # the same sizes, one of them a bool or a numpy int
+            out.insert(rng.randrange(len(out) + 1), True) if len(out) < 4 else None
+            out = [rng.choice([True, np.int64(1)]) if d == 1 else d for d in out]
         return tuple(out) if rng.random() < 0.85 else list(out)
     return tuple(arg_int() for _ in range(rng.randint(0, 5)))
 
@@ -172,6 +175,9 @@ def one(ctx, other):
         f = lambda: gg.mul_mat(a, b)
     elif op == "reshape":
         s = shape_for(a)
+        if rng.random() < 0.1:          # one element: a shape of bools or numpy ints fits
+            a = ctx.tensor(gg.f32, (1,) * rng.randint(1, 3))
+            s = tuple(rng.choice([True, 1, np.int64(1), False]) for _ in range(rng.randint(1, 4)))
         f = lambda: gg.reshape(a, s)
     elif op == "permute":
         ax = axes_for(a)

@@ -208,3 +208,54 @@ def test_threads_that_first_use_the_package_together_all_get_the_face():
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            timeout=120, env=child_env())
         assert r.returncode == 0 and r.stdout.strip() == "errors []", r.stdout + r.stderr[-2000:]
+
+
+BUILD_RACE = """
+import random, sys, threading, time, ggml_py as gg
+rng = random.Random(int(sys.argv[1]))
+for it in range(int(sys.argv[2])):
+    print("ROUND", it, flush=True)
+    ctx = gg.Context(capacity=rng.choice([16, 64, 4096]))   # small: chunks open meanwhile
+    x = ctx.tensor(gg.f32, (8, 8))
+    w = ctx.tensor(gg.f32, (8, 8))
+    started = threading.Barrier(3)
+    errors = []
+
+    def work():
+        started.wait()
+        try:
+            t = x
+            for _ in range(300):    # the checked ops, from two threads at once
+                t = gg.rms_norm(gg.mul_mat(w, t) + x, 1e-5)
+                p = gg.cont(gg.permute(gg.reshape(t, (2, 4, 8)), (1, 0, 2)))
+                t = gg.silu(gg.reshape(p, (8, 8)))
+        except gg.ClosedError:
+            pass                          # closed: refused, no crash
+        except BaseException as e:        # noqa: BLE001 (reported by the main thread)
+            errors.append(e)
+    ts = [threading.Thread(target=work) for _ in range(2)]
+    for t in ts:
+        t.start()
+    started.wait()
+    time.sleep(rng.random() * 0.003)
+    ctx.close()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+print("ALL")
+"""
+
+
+def test_checked_ops_from_two_threads_while_a_third_closes_the_context():
+    # The checked ops (one C call each) share the context's lock with the Python path and
+    # with close(): two threads building in one context, chunks opening under them, and the
+    # context closed at a random moment give results or ClosedError, never a ggml abort.
+    import subprocess
+    import sys
+    from conftest import child_env
+    r = subprocess.run([sys.executable, "-c", BUILD_RACE, "0", "1000"], capture_output=True,
+                       text=True, timeout=600, env=child_env())
+    last = [line for line in r.stdout.splitlines() if line.startswith("ROUND")][-1:]
+    assert r.returncode == 0, f"exit {r.returncode} at {last}: {r.stderr[-3000:]}"
+    assert r.stdout.strip().splitlines()[-1] == "ALL"

@@ -160,6 +160,19 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
     "result context rule (one construction path)": (
         "ggml_py/ops/_common.py", "    ctx = owner.ctx\n", "    ctx = next(iter(uses), owner).ctx  # type: ignore[call-overload]\n",
         ["tests/test_tensor.py", "-k", "keeps_the_context"]),
+    # the Python half of the checked ops: what reaches helpers.c must be what the rules take
+    # (the C half's conditions are compiled into the build; deleting one of them is shown in
+    # the note on issue 14 and caught by the same test)
+    "checked permute takes int axes only": (
+        "ggml_py/ops/shape.py", "                if x.__class__ is not int:      # (True == 1",
+        "                if False:      # (True == 1", ["tests/test_checked.py", "-k", "python_rules"]),
+    "checked reshape takes int dims only": (
+        "ggml_py/ops/shape.py", "        return (s0, 1, 1, 1) if s0.__class__ is int else None",
+        "        return (s0, 1, 1, 1)", ["tests/test_checked.py", "-k", "python_rules"]),
+    "checked norm takes float eps only": (
+        "ggml_py/ops/nn.py", "isinstance(a, TensorBase) and eps.__class__ is float:\n        t = a.ctx.checked(CHECKED.ggml_py_norm, (a._p, eps, _RMS_NORM",
+        "isinstance(a, TensorBase):\n        t = a.ctx.checked(CHECKED.ggml_py_norm, (a._p, eps, _RMS_NORM",
+        ["tests/test_checked.py", "-k", "python_rules"]),
 }
 
 
