@@ -46,9 +46,9 @@ def reshape(a: Tensor, shape: Any) -> Tensor:
     """A view of contiguous `a` with another numpy-order shape (same element count; one axis
     may be -1)."""
     if CHECKED is not None and shape.__class__ is tuple and isinstance(a, TensorBase):
-        ne = _plain_ne(shape)
-        if ne is not None:              # the rule below in one C call (helpers.c)
-            t = a.ctx.checked(CHECKED.ggml_py_reshape, (a._p, *ne), len(shape))
+        plain = _plain_ne(shape)
+        if plain is not None:           # the rule below in one C call (helpers.c)
+            t = a.ctx.checked(CHECKED.ggml_py_reshape, (a._p, *plain), len(shape))
             if t is not None:
                 return t
     a = tensor(a, "reshape")
@@ -107,13 +107,13 @@ def permute(a: Tensor, axes: Any) -> Tensor:
     """numpy's ``np.transpose(a, axes)`` as a view."""
     if CHECKED is not None and isinstance(a, TensorBase):
         nd = a._ndim or a.ndim
-        gperm = _PERMS.get((nd, axes)) if axes.__class__ is tuple else None
-        if gperm is not None:           # a permutation met before, checked in C (helpers.c)
+        known = _PERMS.get((nd, axes)) if axes.__class__ is tuple else None
+        if known is not None:           # a permutation met before, checked in C (helpers.c)
             for x in axes:
                 if x.__class__ is not int:      # (True == 1: a bool must meet index_of)
                     break
             else:
-                t = a.ctx.checked(CHECKED.ggml_py_permute, (a._p, *gperm), nd)
+                t = a.ctx.checked(CHECKED.ggml_py_permute, (a._p, *known), nd)
                 if t is not None:
                     return t
     a = tensor(a, "permute")
