@@ -245,30 +245,40 @@ int64_t ggml_py_room(struct ggml_context * ctx);
 typedef struct ggml_tensor * (*ggml_py_fn1)(struct ggml_context *, struct ggml_tensor *);
 typedef struct ggml_tensor * (*ggml_py_fn2)(struct ggml_context *, struct ggml_tensor *,
                                             struct ggml_tensor *);
-struct ggml_tensor * ggml_py_binary(struct ggml_context * ctx, ggml_py_fn2 fn,
+struct ggml_py_ctx;
+struct ggml_py_ctx * ggml_py_ctx_new(struct ggml_context * head);
+void ggml_py_ctx_free(struct ggml_py_ctx * st);
+void ggml_py_ctx_lock(struct ggml_py_ctx * st);
+void ggml_py_ctx_unlock(struct ggml_py_ctx * st);
+void ggml_py_ctx_set_head(struct ggml_py_ctx * st, struct ggml_context * head);
+struct ggml_tensor * ggml_py_binary(struct ggml_py_ctx * st, ggml_py_fn2 fn,
                                     struct ggml_tensor * a, struct ggml_tensor * b,
                                     uint64_t types, int numpy);
-struct ggml_tensor * ggml_py_unary(struct ggml_context * ctx, ggml_py_fn1 fn,
+struct ggml_tensor * ggml_py_unary(struct ggml_py_ctx * st, ggml_py_fn1 fn,
                                    struct ggml_tensor * a, uint64_t types);
-struct ggml_tensor * ggml_py_mul_mat(struct ggml_context * ctx, struct ggml_tensor * a,
+struct ggml_tensor * ggml_py_mul_mat(struct ggml_py_ctx * st, struct ggml_tensor * a,
                                      struct ggml_tensor * b, uint64_t a_types, uint64_t b_types);
-struct ggml_tensor * ggml_py_norm(struct ggml_context * ctx, struct ggml_tensor * a, double eps,
+struct ggml_tensor * ggml_py_norm(struct ggml_py_ctx * st, struct ggml_tensor * a, double eps,
                                   uint64_t types, int rms);
-struct ggml_tensor * ggml_py_soft_max(struct ggml_context * ctx, struct ggml_tensor * a,
+struct ggml_tensor * ggml_py_soft_max(struct ggml_py_ctx * st, struct ggml_tensor * a,
                                       struct ggml_tensor * mask, double scale, double max_bias,
                                       uint64_t types);
-struct ggml_tensor * ggml_py_rope(struct ggml_context * ctx, struct ggml_tensor * a,
+struct ggml_tensor * ggml_py_rope(struct ggml_py_ctx * st, struct ggml_tensor * a,
                                   struct ggml_tensor * pos, int64_t n_dims, int mode,
                                   int n_ctx_orig, double freq_base, double freq_scale,
                                   double ext_factor, double attn_factor, double beta_fast,
                                   double beta_slow, uint64_t types);
-struct ggml_tensor * ggml_py_reshape(struct ggml_context * ctx, struct ggml_tensor * a,
+struct ggml_tensor * ggml_py_reshape(struct ggml_py_ctx * st, struct ggml_tensor * a,
                                      int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
-struct ggml_tensor * ggml_py_permute(struct ggml_context * ctx, struct ggml_tensor * a,
+struct ggml_tensor * ggml_py_permute(struct ggml_py_ctx * st, struct ggml_tensor * a,
                                      int p0, int p1, int p2, int p3);
-struct ggml_tensor * ggml_py_cont(struct ggml_context * ctx, struct ggml_tensor * a,
+struct ggml_tensor * ggml_py_cont(struct ggml_py_ctx * st, struct ggml_tensor * a,
                                   uint64_t strided_types);
 """
+
+
+# helpers.c locks with pthreads (Windows: SRW locks, nothing to add)
+_THREADS = [] if sys.platform == "win32" else ["-pthread"]
 
 
 def _compile_api(out: Path, include: Path, headers: list[str], libs: list[Path], cdef: str) -> None:
@@ -282,8 +292,8 @@ def _compile_api(out: Path, include: Path, headers: list[str], libs: list[Path],
         MODULE, "".join(f'#include "{h}"\n' for h in headers) + helpers,
         include_dirs=[str(include)], library_dirs=[str(out)],
         libraries=[_link_name(p) for p in libs],
-        extra_link_args=[f"-Wl,-rpath,{origin}"],
-        extra_compile_args=["-Wno-deprecated-declarations"])
+        extra_compile_args=["-Wno-deprecated-declarations"] + _THREADS,
+        extra_link_args=[f"-Wl,-rpath,{origin}"] + _THREADS)
     with tempfile.TemporaryDirectory(prefix="ggml_py-cffi-") as tmp:
         built = Path(ffi.compile(tmpdir=tmp, verbose=False))
         shutil.copy2(built, out / built.name)

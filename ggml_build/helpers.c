@@ -200,14 +200,68 @@ static int ggml_py_prepare(struct ggml_cgraph * g, ggml_backend_t be, ggml_backe
  * generates operands to hold them to that. Type rules come from Python as bitmasks of
  * enum ggml_type values (bit t set: type t allowed), so the tables stay in ops/.
  *
- * Each builds exactly one tensor record in `ctx`, and refuses when there is no room for it (the
- * Python path then opens a new chunk). */
+ * Each entry point (ggml_py_binary...) takes the Context's state: it holds the mutex, refuses
+ * when the Context closed or its chunk has no room for the one record it builds (the Python
+ * path then says so, or opens a new chunk), and calls its rule (ggml_py_binary_in...). */
 
 /* how many more tensor records fit in ctx (ggml_new_object aborts when one does not): the one
  * count of room, read by Context._room before the Python path builds and by every checked op */
 static int64_t ggml_py_room(struct ggml_context * ctx) {
     int64_t left = (int64_t) ggml_get_mem_size(ctx) - (int64_t) ggml_used_mem(ctx);
     return left / (int64_t) ggml_tensor_overhead() - 1;      /* (- 1: alignment slack) */
+}
+
+/* A Context's side of the checked ops: the chunk new tensors go to (NULL once the Context
+ * closed) and a mutex. A checked op holds the mutex while it reads the operands and builds;
+ * Python holds it (ggml_py_ctx_lock) wherever it builds in, walks or closes the Context's
+ * chunks, so ggml never sees two threads in one ggml_context. Nothing else is locked while
+ * it is held, so it orders after the Context's Python lock and cannot deadlock with it. */
+#if defined(_WIN32)
+#include <windows.h>
+typedef SRWLOCK ggml_py_mutex;
+#define GGML_PY_MUTEX_INIT(m) InitializeSRWLock(m)
+#define GGML_PY_MUTEX_LOCK(m) AcquireSRWLockExclusive(m)
+#define GGML_PY_MUTEX_UNLOCK(m) ReleaseSRWLockExclusive(m)
+#define GGML_PY_MUTEX_DESTROY(m) ((void) (m))
+#else
+#include <pthread.h>
+typedef pthread_mutex_t ggml_py_mutex;
+#define GGML_PY_MUTEX_INIT(m) pthread_mutex_init(m, NULL)
+#define GGML_PY_MUTEX_LOCK(m) pthread_mutex_lock(m)
+#define GGML_PY_MUTEX_UNLOCK(m) pthread_mutex_unlock(m)
+#define GGML_PY_MUTEX_DESTROY(m) pthread_mutex_destroy(m)
+#endif
+
+struct ggml_py_ctx {
+    ggml_py_mutex mutex;
+    struct ggml_context * head;
+};
+
+static struct ggml_py_ctx * ggml_py_ctx_new(struct ggml_context * head) {
+    struct ggml_py_ctx * st = (struct ggml_py_ctx *) calloc(1, sizeof(struct ggml_py_ctx));
+    if (st != NULL) {
+        GGML_PY_MUTEX_INIT(&st->mutex);
+        st->head = head;
+    }
+    return st;
+}
+
+static void ggml_py_ctx_free(struct ggml_py_ctx * st) {
+    GGML_PY_MUTEX_DESTROY(&st->mutex);
+    free(st);
+}
+
+static void ggml_py_ctx_lock(struct ggml_py_ctx * st) {
+    GGML_PY_MUTEX_LOCK(&st->mutex);
+}
+
+static void ggml_py_ctx_unlock(struct ggml_py_ctx * st) {
+    GGML_PY_MUTEX_UNLOCK(&st->mutex);
+}
+
+/* a new chunk, or NULL when the Context closes (the caller holds the mutex) */
+static void ggml_py_ctx_set_head(struct ggml_py_ctx * st, struct ggml_context * head) {
+    st->head = head;
 }
 
 typedef struct ggml_tensor * (*ggml_py_fn1)(struct ggml_context *, struct ggml_tensor *);
@@ -231,12 +285,9 @@ static int ggml_py_unplaced(const struct ggml_tensor * t) {
 
 /* ops/elementwise.binary: float operands, b of a's type or f32, a's rows packed, b repeating
  * into a (numpy: equal shapes; broadcasting is Python's) */
-static struct ggml_tensor * ggml_py_binary(struct ggml_context * ctx, ggml_py_fn2 fn,
+static struct ggml_tensor * ggml_py_binary_in(struct ggml_context * ctx, ggml_py_fn2 fn,
                                            struct ggml_tensor * a, struct ggml_tensor * b,
                                            uint64_t types, int numpy) {
-    if (ggml_py_room(ctx) < 1) {
-        return NULL;
-    }
     if (!ggml_py_type_in(a, types) || !ggml_py_type_in(b, types) ||
         (a->type != b->type && b->type != GGML_TYPE_F32) || ggml_blck_size(a->type) != 1 ||
         a->nb[0] != (size_t) ggml_type_size(a->type)) {
@@ -251,11 +302,8 @@ static struct ggml_tensor * ggml_py_binary(struct ggml_context * ctx, ggml_py_fn
 }
 
 /* ops/elementwise._unary: a type the kernels compute, packed rows, contiguous */
-static struct ggml_tensor * ggml_py_unary(struct ggml_context * ctx, ggml_py_fn1 fn,
+static struct ggml_tensor * ggml_py_unary_in(struct ggml_context * ctx, ggml_py_fn1 fn,
                                           struct ggml_tensor * a, uint64_t types) {
-    if (ggml_py_room(ctx) < 1) {
-        return NULL;
-    }
     if (!ggml_py_type_in(a, types) || !ggml_py_rows(a) || !ggml_is_contiguous(a)) {
         return NULL;
     }
@@ -265,12 +313,9 @@ static struct ggml_tensor * ggml_py_unary(struct ggml_context * ctx, ggml_py_fn1
 /* ops/linalg.mul_mat: equal inner dims, b's batch dims multiples of a's, a not transposed,
  * a float or quantized and b float, both with packed rows and rows no shorter apart than a
  * row (blas_rows) */
-static struct ggml_tensor * ggml_py_mul_mat(struct ggml_context * ctx, struct ggml_tensor * a,
+static struct ggml_tensor * ggml_py_mul_mat_in(struct ggml_context * ctx, struct ggml_tensor * a,
                                             struct ggml_tensor * b, uint64_t a_types,
                                             uint64_t b_types) {
-    if (ggml_py_room(ctx) < 1) {
-        return NULL;
-    }
     if (!ggml_py_type_in(a, a_types) || !ggml_py_type_in(b, b_types) || a->ne[0] != b->ne[0] ||
         a->ne[2] <= 0 || a->ne[3] <= 0 || b->ne[2] % a->ne[2] != 0 ||
         b->ne[3] % a->ne[3] != 0 || ggml_is_transposed(a) || !ggml_py_rows(a) ||
@@ -288,11 +333,8 @@ static struct ggml_tensor * ggml_py_mul_mat(struct ggml_context * ctx, struct gg
 }
 
 /* ops/nn.norm and rms_norm (`rms` picks): a type the kernel computes, eps >= 0, packed rows */
-static struct ggml_tensor * ggml_py_norm(struct ggml_context * ctx, struct ggml_tensor * a,
+static struct ggml_tensor * ggml_py_norm_in(struct ggml_context * ctx, struct ggml_tensor * a,
                                          double eps, uint64_t types, int rms) {
-    if (ggml_py_room(ctx) < 1) {
-        return NULL;
-    }
     if (!ggml_py_type_in(a, types) || !(eps >= 0.0) || !ggml_py_rows(a)) {
         return NULL;
     }
@@ -302,12 +344,9 @@ static struct ggml_tensor * ggml_py_norm(struct ggml_context * ctx, struct ggml_
 /* ops/nn.soft_max: a of a type the kernel computes and contiguous; the mask (may be NULL)
  * f32 or f16, contiguous, covering a's rows, its batch dims dividing a's; max_bias only with
  * a mask */
-static struct ggml_tensor * ggml_py_soft_max(struct ggml_context * ctx, struct ggml_tensor * a,
+static struct ggml_tensor * ggml_py_soft_max_in(struct ggml_context * ctx, struct ggml_tensor * a,
                                              struct ggml_tensor * mask, double scale,
                                              double max_bias, uint64_t types) {
-    if (ggml_py_room(ctx) < 1) {
-        return NULL;
-    }
     if (!ggml_py_type_in(a, types) || !ggml_is_contiguous(a)) {
         return NULL;
     }
@@ -327,14 +366,11 @@ static struct ggml_tensor * ggml_py_soft_max(struct ggml_context * ctx, struct g
 /* ops/nn.rope_ext without freq_factors: a of a type the kernel computes with packed rows,
  * mode normal (0) or neox, 0 < n_dims <= head_dim and even (n_dims < 0: head_dim), one i32
  * position per token */
-static struct ggml_tensor * ggml_py_rope(struct ggml_context * ctx, struct ggml_tensor * a,
+static struct ggml_tensor * ggml_py_rope_in(struct ggml_context * ctx, struct ggml_tensor * a,
                                          struct ggml_tensor * pos, int64_t n_dims, int mode,
                                          int n_ctx_orig, double freq_base, double freq_scale,
                                          double ext_factor, double attn_factor, double beta_fast,
                                          double beta_slow, uint64_t types) {
-    if (ggml_py_room(ctx) < 1) {
-        return NULL;
-    }
     if (n_dims < 0) {
         n_dims = a->ne[0];
     }
@@ -351,11 +387,8 @@ static struct ggml_tensor * ggml_py_rope(struct ggml_context * ctx, struct ggml_
 
 /* ops/shape.reshape of memory not yet placed: a contiguous, the same element count, every
  * dim >= 1, quantized blocks not split */
-static struct ggml_tensor * ggml_py_reshape(struct ggml_context * ctx, struct ggml_tensor * a,
+static struct ggml_tensor * ggml_py_reshape_in(struct ggml_context * ctx, struct ggml_tensor * a,
                                             int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
-    if (ggml_py_room(ctx) < 1) {
-        return NULL;
-    }
     if (ne0 < 1 || ne1 < 1 || ne2 < 1 || ne3 < 1 || !ggml_py_unplaced(a) ||
         !ggml_is_contiguous(a) || ne0 % ggml_blck_size(a->type) != 0 ||
         ne0 > INT64_MAX / ne1 || ne0 * ne1 > INT64_MAX / ne2 || ne0 * ne1 * ne2 > INT64_MAX / ne3 ||
@@ -367,11 +400,8 @@ static struct ggml_tensor * ggml_py_reshape(struct ggml_context * ctx, struct gg
 
 /* ops/shape.permute of memory not yet placed: ggml's axes a permutation of 0..3, a quantized
  * tensor's first axis kept */
-static struct ggml_tensor * ggml_py_permute(struct ggml_context * ctx, struct ggml_tensor * a,
+static struct ggml_tensor * ggml_py_permute_in(struct ggml_context * ctx, struct ggml_tensor * a,
                                             int p0, int p1, int p2, int p3) {
-    if (ggml_py_room(ctx) < 1) {
-        return NULL;
-    }
     int seen = 0;
     int p[4] = {p0, p1, p2, p3};
     for (int i = 0; i < 4; i++) {
@@ -388,13 +418,74 @@ static struct ggml_tensor * ggml_py_permute(struct ggml_context * ctx, struct gg
 
 /* ops/shape.cont: a contiguous copy; gathering a view only of the types the copy kernels
  * gather */
-static struct ggml_tensor * ggml_py_cont(struct ggml_context * ctx, struct ggml_tensor * a,
+static struct ggml_tensor * ggml_py_cont_in(struct ggml_context * ctx, struct ggml_tensor * a,
                                          uint64_t strided_types) {
-    if (ggml_py_room(ctx) < 1) {
-        return NULL;
-    }
     if (!ggml_is_contiguous(a) && !ggml_py_type_in(a, strided_types)) {
         return NULL;
     }
     return ggml_cont(ctx, a);
+}
+
+/* the entry points: the rule and the build under the Context's mutex */
+#define GGML_PY_CHECKED(call)                                                          \
+    struct ggml_tensor * r = NULL;                                                     \
+    GGML_PY_MUTEX_LOCK(&st->mutex);                                                    \
+    if (st->head != NULL && ggml_py_room(st->head) >= 1) {                            \
+        struct ggml_context * ctx = st->head;                                          \
+        r = call;                                                                      \
+    }                                                                                  \
+    GGML_PY_MUTEX_UNLOCK(&st->mutex);                                                  \
+    return r
+
+static struct ggml_tensor * ggml_py_binary(struct ggml_py_ctx * st, ggml_py_fn2 fn,
+                                           struct ggml_tensor * a, struct ggml_tensor * b,
+                                           uint64_t types, int numpy) {
+    GGML_PY_CHECKED(ggml_py_binary_in(ctx, fn, a, b, types, numpy));
+}
+
+static struct ggml_tensor * ggml_py_unary(struct ggml_py_ctx * st, ggml_py_fn1 fn,
+                                          struct ggml_tensor * a, uint64_t types) {
+    GGML_PY_CHECKED(ggml_py_unary_in(ctx, fn, a, types));
+}
+
+static struct ggml_tensor * ggml_py_mul_mat(struct ggml_py_ctx * st, struct ggml_tensor * a,
+                                            struct ggml_tensor * b, uint64_t a_types,
+                                            uint64_t b_types) {
+    GGML_PY_CHECKED(ggml_py_mul_mat_in(ctx, a, b, a_types, b_types));
+}
+
+static struct ggml_tensor * ggml_py_norm(struct ggml_py_ctx * st, struct ggml_tensor * a,
+                                         double eps, uint64_t types, int rms) {
+    GGML_PY_CHECKED(ggml_py_norm_in(ctx, a, eps, types, rms));
+}
+
+static struct ggml_tensor * ggml_py_soft_max(struct ggml_py_ctx * st, struct ggml_tensor * a,
+                                             struct ggml_tensor * mask, double scale,
+                                             double max_bias, uint64_t types) {
+    GGML_PY_CHECKED(ggml_py_soft_max_in(ctx, a, mask, scale, max_bias, types));
+}
+
+static struct ggml_tensor * ggml_py_rope(struct ggml_py_ctx * st, struct ggml_tensor * a,
+                                         struct ggml_tensor * pos, int64_t n_dims, int mode,
+                                         int n_ctx_orig, double freq_base, double freq_scale,
+                                         double ext_factor, double attn_factor, double beta_fast,
+                                         double beta_slow, uint64_t types) {
+    GGML_PY_CHECKED(ggml_py_rope_in(ctx, a, pos, n_dims, mode, n_ctx_orig, freq_base,
+                                    freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
+                                    types));
+}
+
+static struct ggml_tensor * ggml_py_reshape(struct ggml_py_ctx * st, struct ggml_tensor * a,
+                                            int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
+    GGML_PY_CHECKED(ggml_py_reshape_in(ctx, a, ne0, ne1, ne2, ne3));
+}
+
+static struct ggml_tensor * ggml_py_permute(struct ggml_py_ctx * st, struct ggml_tensor * a,
+                                            int p0, int p1, int p2, int p3) {
+    GGML_PY_CHECKED(ggml_py_permute_in(ctx, a, p0, p1, p2, p3));
+}
+
+static struct ggml_tensor * ggml_py_cont(struct ggml_py_ctx * st, struct ggml_tensor * a,
+                                         uint64_t strided_types) {
+    GGML_PY_CHECKED(ggml_py_cont_in(ctx, a, strided_types));
 }

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -57,6 +57,11 @@ def _records_left_py(raw: Any) -> int:
 
 
 _records_left: Callable[[Any], int] = getattr(lib, "ggml_py_room", None) or _records_left_py
+# a Context's state for helpers.c's checked ops: its newest chunk and the mutex they build
+# under (None for bindings without helpers.c)
+_STATE_NEW: Any = getattr(lib, "ggml_py_ctx_new", None)
+_C_LOCK: Any = getattr(lib, "ggml_py_ctx_lock", None)
+_C_UNLOCK: Any = getattr(lib, "ggml_py_ctx_unlock", None)
 
 
 def _init_view(p: Any) -> None:
@@ -95,6 +100,15 @@ class Context(Owned):
         self._chunks: list[_Chunk] = []
         self._spans = [self._span(first)]
         self._head = first                 # the newest chunk, where tensors are made
+        # the checked ops' side (helpers.c): the newest chunk, and a mutex held by a checked
+        # op while it builds and by this object wherever it builds in, walks or closes its
+        # chunks (_records), so ggml never sees two threads in one chunk
+        self._state: Any = None
+        if _STATE_NEW is not None:
+            st = _STATE_NEW(first)
+            if st == ffi.NULL:
+                raise OutOfMemory("Context: no memory for its state")
+            self._state = ffi.gc(st, lib.ggml_py_ctx_free)
         self._keep: list[Any] = []         # graphs/allocators/schedulers that placed memory here
         self._buffers: list[Buffer] = []   # buffers made for its tensors
         self._uses: set[Context] = set()   # other contexts its tensors read (strong)
@@ -132,14 +146,33 @@ class Context(Owned):
             self._chunks.append(chunk)
             self._spans.append(self._span(raw))
             self._head = raw
+            if self._state is not None:         # (the caller holds _records)
+                lib.ggml_py_ctx_set_head(self._state, raw)
         return self._head
+
+    @contextlib.contextmanager
+    def _records(self) -> Iterator[None]:
+        """This context's lock, and the mutex its checked ops build under: held to build in,
+        walk or change its chunks. Not held while Python code that could reach this context
+        again runs (views' init, buffers, finalizers): the mutex is not re-entrant."""
+        with self._lock:
+            st = self._state
+            if st is None:
+                yield
+                return
+            _C_LOCK(st)
+            try:
+                yield
+            finally:
+                _C_UNLOCK(st)
 
     def _raws(self) -> list[Any]:
         return [self.ptr] + [c.ptr for c in self._chunks]
 
     def n_tensors(self) -> int:
         """How many tensors (ops, views, inputs) this context holds."""
-        return sum(int(lib.ggml_used_mem(r)) for r in self._raws()) // _OBJ
+        with self._records():
+            return sum(int(lib.ggml_used_mem(r)) for r in self._raws()) // _OBJ
 
     def spans(self) -> list[tuple[int, int]]:
         """The address ranges of this context's tensor records, one per chunk."""
@@ -163,12 +196,19 @@ class Context(Owned):
                 p = self._build_shared(fn, args, uses, room, view)
                 break
         else:                                   # (the common case: operands of this context)
-            lock = self._lock
+            lock, st = self._lock, self._state
             lock.acquire()                      # (cheaper than `with` on this hot path)
             try:
                 if self._raw is None:
                     raise ClosedError("this tensor's context is closed")
-                p = fn(self._room(room), *args)
+                if st is None:
+                    p = fn(self._room(room), *args)
+                else:                           # (_records, inline)
+                    _C_LOCK(st)
+                    try:
+                        p = fn(self._room(room), *args)
+                    finally:
+                        _C_UNLOCK(st)
                 if view and p:
                     _init_view(p)
             finally:
@@ -188,20 +228,16 @@ class Context(Owned):
         return Tensor(p, self, ndim)
 
     def checked(self, helper: Any, args: tuple[Any, ...], ndim: int) -> Tensor | None:
-        """The result of a checked op (``helper(raw_context, *args)``, one of helpers.c's
-        ggml_py_* builders: they build one tensor when the operands pass the op's rule, and
-        return NULL before calling ggml otherwise) as a tensor of this context; None when the
-        helper refused, and the op then takes its Python path. Operands are this context's."""
-        lock = self._lock
-        lock.acquire()
+        """The result of a checked op (``helper(state, *args)``, one of helpers.c's ggml_py_*
+        builders: under this context's mutex they build one tensor when the operands pass the
+        op's rule, and return NULL before calling ggml otherwise, also once this context is
+        closed or its chunk is full) as a tensor of this context; None when the helper
+        refused, and the op then takes its Python path (which raises ClosedError, opens a
+        chunk, or words the refusal). Operands are this context's."""
         try:
-            if self._raw is None:
-                raise ClosedError("this tensor's context is closed")
-            p = helper(self._head, *args)       # (NULL too when the chunk is full)
+            p = helper(self._state, *args)
         except (OverflowError, TypeError):      # an argument C cannot take: the Python path
             return None                         # says why
-        finally:
-            lock.release()
         return Tensor(p, self, ndim) if p else None
 
     def _build_shared(self, fn: Callable[..., Any], args: Iterable[Any],
@@ -218,7 +254,8 @@ class Context(Owned):
                 stack.enter_context(c._lock)
                 if c._raw is None:
                     raise ClosedError("an operand's context is closed")
-            p = fn(self._room(room), *args)
+            with self._records():
+                p = fn(self._room(room), *args)
             if view and p:
                 _init_view(p)
             return p
@@ -298,7 +335,7 @@ class Context(Owned):
         require(nbytes < 2 ** 62, f"tensor: {dims} of {t.name} needs {nbytes} bytes, more than "
                                   "ggml can address", OutOfMemory)
         nes = ffi.new("int64_t[]", ne)
-        with self._lock:
+        with self._records():
             p = lib.ggml_new_tensor(self._room(1), t, len(ne), nes)
         # its facts, as ggml_new_tensor sets them: packed strides, contiguous
         ne4 = (*ne, 1, 1, 1)[:MAX_DIMS]
@@ -321,13 +358,9 @@ class Context(Owned):
 
     @property
     def tensors(self) -> list[Tensor]:
-        out = []
-        for raw in self._raws():
-            p = lib.ggml_get_first_tensor(raw)
-            while p != ffi.NULL:
-                out.append(Tensor(p, self))
-                p = lib.ggml_get_next_tensor(raw, p)
-        return out
+        with self._records():
+            raws = [p for raw in self._raws() for p in self._chunk_raw_tensors(raw)]
+        return [Tensor(p, self) for p in raws]
 
     def alloc(self, backend_or_buffer_type: Backend | BufferType) -> list[Buffer]:
         """Allocate every tensor not yet allocated in one buffer of the backend's default
@@ -344,12 +377,14 @@ class Context(Owned):
         made = []
         with self._lock:
             for raw in self._raws():
-                todo = [p for p in self._chunk_raw_tensors(raw)
-                        if p.data == ffi.NULL and p.view_src == ffi.NULL]
-                if not todo:
-                    continue
-                need = sum(int(lib.ggml_backend_buft_get_alloc_size(buft.ptr, p)) for p in todo)
-                b = lib.ggml_backend_alloc_ctx_tensors_from_buft(raw, buft.ptr)
+                with self._records():
+                    todo = [p for p in self._chunk_raw_tensors(raw)
+                            if p.data == ffi.NULL and p.view_src == ffi.NULL]
+                    if not todo:
+                        continue
+                    need = sum(int(lib.ggml_backend_buft_get_alloc_size(buft.ptr, p))
+                               for p in todo)
+                    b = lib.ggml_backend_alloc_ctx_tensors_from_buft(raw, buft.ptr)
                 if b == ffi.NULL:
                     raise OutOfMemory(f"alloc: allocating the context's tensors in {buft.name} "
                                       f"failed ({need} bytes)")
@@ -384,11 +419,17 @@ class Context(Owned):
         if self._raw is None:
             return
         null = ffi.NULL
+        with self._records():
+            self._lose_where(lambda p: int(ffi.cast("uintptr_t", p)) in addrs or (
+                p.view_src != null and int(ffi.cast("uintptr_t", p.view_src)) in addrs))
+
+    def _lose_where(self, placed_there: Callable[[Any], bool]) -> None:
+        """Tensors of this context that `placed_there` picks read as unallocated (the caller
+        holds _records)."""
+        null = ffi.NULL
         for raw in self._raws():
             for p in self._chunk_raw_tensors(raw):
-                src = p.view_src
-                if int(ffi.cast("uintptr_t", p)) in addrs or (
-                        src != null and int(ffi.cast("uintptr_t", src)) in addrs):
+                if placed_there(p):
                     p.data = null
                     p.buffer = null
 
@@ -397,11 +438,8 @@ class Context(Owned):
         unallocated from now on, so they raise instead of touching freed memory."""
         if self._closing or self._raw is None:
             return
-        for raw in self._raws():
-            for p in self._chunk_raw_tensors(raw):
-                if p.buffer == buf_raw:
-                    p.data = ffi.NULL
-                    p.buffer = ffi.NULL
+        with self._records():
+            self._lose_where(lambda p: p.buffer == buf_raw)
 
     def _devices(self) -> set[Any]:
         return set().union(*(b._devices() for b in self._buffers)) if self._buffers else set()
@@ -410,6 +448,10 @@ class Context(Owned):
         with self._lock:
             if self._raw is None:
                 return
+            if self._state is not None:     # checked ops refuse from now on
+                _C_LOCK(self._state)
+                lib.ggml_py_ctx_set_head(self._state, ffi.NULL)
+                _C_UNLOCK(self._state)
             for k in self._keep:   # schedulers give graphs with nodes here back before they go
                 forget = getattr(k, "_forget", None)
                 if forget is not None and not k.closed:

@@ -12,7 +12,7 @@ semantics, are the functions of :mod:`ggml_py.ops` (``gg.add``, ``gg.mul_mat``..
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from . import ops
 from ._loader import ffi, lib
 from ._tensor_base import TensorBase, own_sources
 from .ops._common import scalable
-from .ops.elementwise import binary
+from .ops.elementwise import binary_op
 from .errors import ClosedError, InvalidType, require
 
 Scalar = int | float | np.integer | np.floating
@@ -29,6 +29,11 @@ Scalar = int | float | np.integer | np.floating
 
 def _is_scalar(x: object) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _divide_by(t: "Tensor", c: float) -> "Tensor":
+    """t / c for a Python number c (ggml's scale by 1 / c; infinities of c's sign for 0)."""
+    return ops.scale(_padded(t), 1.0 / c if c else math.copysign(math.inf, c))
 
 
 def _padded(t: "Tensor") -> "Tensor":
@@ -118,23 +123,26 @@ class Tensor(TensorBase):
         return ops.view(self, shape, offset, strides)
 
     # -- numpy-semantics operators -------------------------------------------------------------
-    def __add__(self, other: "Tensor | Scalar") -> "Tensor":
-        if isinstance(other, Tensor):
-            return binary(lib.ggml_add, self, other, "add", True)
-        if _is_scalar(other):
-            return ops.scale_bias(_padded(self), 1.0, float(other))
-        return NotImplemented
+    # + - * / of two tensors: numpy's semantics, the common case in one checked call
+    # (ops.elementwise.binary_op); a Python number on the right goes to ggml's scale
+    __add__: ClassVar[Callable[["Tensor", "Tensor | Scalar"], "Tensor"]] = binary_op(
+        "add", True, "a + b (numpy's broadcasting; b a tensor or a number)",
+        lambda a, b: ops.scale_bias(_padded(a), 1.0, float(b)) if _is_scalar(b)
+        else NotImplemented)
+    __sub__: ClassVar[Callable[["Tensor", "Tensor | Scalar"], "Tensor"]] = binary_op(
+        "sub", True, "a - b (numpy's broadcasting; b a tensor or a number)",
+        lambda a, b: ops.scale_bias(_padded(a), 1.0, -float(b)) if _is_scalar(b)
+        else NotImplemented)
+    __mul__: ClassVar[Callable[["Tensor", "Tensor | Scalar"], "Tensor"]] = binary_op(
+        "mul", True, "a * b (numpy's broadcasting; b a tensor or a number)",
+        lambda a, b: ops.scale(_padded(a), float(b)) if _is_scalar(b) else NotImplemented)
+    __truediv__: ClassVar[Callable[["Tensor", "Tensor | Scalar"], "Tensor"]] = binary_op(
+        "div", True, "a / b (numpy's broadcasting; b a tensor or a number)",
+        lambda a, b: _divide_by(a, float(b)) if _is_scalar(b) else NotImplemented)
 
     def __radd__(self, other: "Scalar") -> "Tensor":
         if _is_scalar(other):
             return ops.scale_bias(_padded(self), 1.0, float(other))
-        return NotImplemented
-
-    def __sub__(self, other: "Tensor | Scalar") -> "Tensor":
-        if isinstance(other, Tensor):
-            return binary(lib.ggml_sub, self, other, "sub", True)
-        if _is_scalar(other):
-            return ops.scale_bias(_padded(self), 1.0, -float(other))
         return NotImplemented
 
     def __rsub__(self, other: "Scalar") -> "Tensor":
@@ -142,24 +150,9 @@ class Tensor(TensorBase):
             return ops.scale_bias(_padded(self), -1.0, float(other))
         return NotImplemented
 
-    def __mul__(self, other: "Tensor | Scalar") -> "Tensor":
-        if isinstance(other, Tensor):
-            return binary(lib.ggml_mul, self, other, "mul", True)
-        if _is_scalar(other):
-            return ops.scale(_padded(self), float(other))
-        return NotImplemented
-
     def __rmul__(self, other: "Scalar") -> "Tensor":
         if _is_scalar(other):
             return ops.scale(_padded(self), float(other))
-        return NotImplemented
-
-    def __truediv__(self, other: "Tensor | Scalar") -> "Tensor":
-        if isinstance(other, Tensor):
-            return binary(lib.ggml_div, self, other, "div", True)
-        if _is_scalar(other):
-            c = float(other)
-            return ops.scale(_padded(self), 1.0 / c if c else math.copysign(math.inf, c))
         return NotImplemented
 
     def __rtruediv__(self, other: "Scalar") -> "Tensor":

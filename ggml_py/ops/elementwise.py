@@ -57,17 +57,10 @@ def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = Fals
     gg.add/sub/mul/div and of the operators ``+ - * /`` (`numpy`: numpy's broadcasting made
     explicit first, a strided `a` copied).
 
-    The rule reads the facts each tensor caches (shape, type, strides: read from ggml once,
-    or given by the op that made the tensor), so a chain of ops costs little more than its
-    ggml calls; the result is built the one way every op's is (``Context.build``)."""
-    if CHECKED is not None and isinstance(a, TensorBase) and isinstance(b, TensorBase):
-        ctx: Context = a.ctx
-        if b.ctx is ctx:                # the rule's common case in one C call (helpers.c)
-            nd, nd_b = a._ndim or a.ndim, b._ndim or b.ndim
-            t = ctx.checked(_BINARY, (_FN2[name], a._p, b._p, FLOAT_MASK, numpy),
-                            nd if nd >= nd_b else nd_b)
-            if t is not None:
-                return t
+    The Python path of :func:`binary_op` (its common case is one checked call): the rule
+    reads the facts each tensor caches (shape, type, strides: read from ggml once, or given by
+    the op that made the tensor); the result is built the one way every op's is
+    (``Context.build``)."""
     if (not isinstance(a, TensorBase) or not isinstance(b, TensorBase) or a.ctx._raw is None
             or b.ctx._raw is None):
         a, b = tensor(a, name, "a"), tensor(b, name, "b")   # InvalidType / ClosedError
@@ -96,29 +89,47 @@ def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = Fals
         raise InvalidType(f"{name}: mixed types {ta.name} and {tb.name}")
     if nb_a[0] != ta._size and ta._block == 1:          # a's rows must be packed
         rows(name, ("a", a))
-    ctx = a.ctx
+    ctx: Context = a.ctx
     return ctx.build(fn, (a._p, b._p), nd_a if nd_a >= nd_b else nd_b,
                      () if b.ctx is ctx else (b,), 1, like=a)
 
 
-def add(a: Tensor, b: Tensor) -> Tensor:
-    """ggml_add: a + b, with b repeated (tiled) into a's shape."""
-    return binary(lib.ggml_add, a, b, "add")
+def binary_op(name: str, numpy: bool, doc: str = "",
+              scalar: Callable[[Any, Any], Any] | None = None) -> Callable[[Any, Any], Any]:
+    """ggml_<name> (add, sub, mul, div) of `a` and `b`, as gg.add... (`numpy` False: ggml's
+    repeat rule) or as Tensor's operators (`numpy` True; `scalar(a, b)` takes a `b` that is no
+    tensor). Tensors of one context that pass the rule at once are built in one checked call
+    (helpers.c, through Context.checked), in the function itself: these are the calls that
+    build graphs node by node, and a Python frame more costs a tenth of one; everything
+    else goes to :func:`binary`."""
+    fn = getattr(lib, f"ggml_{name}")
+    fast = _FN2.get(name)
+
+    def op(a: Any, b: Any) -> Any:
+        if fast is not None and isinstance(b, TensorBase) and isinstance(a, TensorBase):
+            ctx = a.ctx
+            if b.ctx is ctx:
+                nd, nd_b = a._ndim or a.ndim, b._ndim or b.ndim
+                t = ctx.checked(_BINARY, (fast, a._p, b._p, FLOAT_MASK, numpy),
+                                nd if nd >= nd_b else nd_b)
+                if t is not None:
+                    return t
+        elif scalar is not None and not isinstance(b, TensorBase):
+            return scalar(a, b)
+        return binary(fn, a, b, name, numpy)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = doc
+    return op
 
 
-def sub(a: Tensor, b: Tensor) -> Tensor:
-    """ggml_sub: a - b, with b repeated into a's shape."""
-    return binary(lib.ggml_sub, a, b, "sub")
-
-
-def mul(a: Tensor, b: Tensor) -> Tensor:
-    """ggml_mul: a * b elementwise, with b repeated into a's shape."""
-    return binary(lib.ggml_mul, a, b, "mul")
-
-
-def div(a: Tensor, b: Tensor) -> Tensor:
-    """ggml_div: a / b elementwise, with b repeated into a's shape."""
-    return binary(lib.ggml_div, a, b, "div")
+add: Callable[[Tensor, Tensor], Tensor] = binary_op(
+    "add", False, "ggml_add: a + b, with b repeated (tiled) into a's shape.")
+sub: Callable[[Tensor, Tensor], Tensor] = binary_op(
+    "sub", False, "ggml_sub: a - b, with b repeated into a's shape.")
+mul: Callable[[Tensor, Tensor], Tensor] = binary_op(
+    "mul", False, "ggml_mul: a * b elementwise, with b repeated into a's shape.")
+div: Callable[[Tensor, Tensor], Tensor] = binary_op(
+    "div", False, "ggml_div: a / b elementwise, with b repeated into a's shape.")
 
 
 def scale(a: Tensor, s: float) -> Tensor:
