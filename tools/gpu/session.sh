@@ -15,6 +15,7 @@
 #         device (GEN_SECONDS, default 120)
 # vkpair  two Vulkan devices on the one GPU (GGML_VK_VISIBLE_DEVICES=0,0): the device list,
 #         then the event mutation check on the Vulkan pair, every line of output kept
+# bench   benchmarks/bench_graph.py --device CUDA0
 # suite   suite1 (tests/test_[a-g]*.py) then suite2 (the other files), GGML_CUDA_DEVICES=2,
 #         slow tests included; each half's log and junit in $OUT
 set -u
@@ -87,6 +88,14 @@ checks)
         echo "generator exit $? (124: stopped by its time limit, no failure)" >> "$OUT/gen.log"
     fi
     echo "phase total ${SECONDS}s" | tee -a "$OUT/env.txt"
+    ;;
+bench)         # benchmarks/bench_graph.py on CUDA0 (one device: no virtual ones)
+    folder=$(ls -d ggml_py/lib/ggml-"$REL"-cpu-rpc-cuda90* | head -1)
+    [ -n "$folder" ] || { echo "no build: run the build phase first (warm machine)"; exit 1; }
+    export GGML_PY_BUILD=$folder
+    (cd benchmarks && timeout 500 python3 bench_graph.py --device CUDA0) > "$OUT/bench.txt" 2>&1
+    echo "exit $?" >> "$OUT/bench.txt"
+    cat "$OUT/bench.txt"
     ;;
 vkpair)
     folder=$(ls -d ggml_py/lib/ggml-"$REL"-cpu-rpc-cuda90* | head -1)
