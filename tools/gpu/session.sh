@@ -92,7 +92,7 @@ checks)
 bench)         # benchmarks/bench_graph.py on CUDA0 (one device: no virtual ones)
     folder=$(ls -d ggml_py/lib/ggml-"$REL"-cpu-rpc-cuda90* | head -1)
     [ -n "$folder" ] || { echo "no build: run the build phase first (warm machine)"; exit 1; }
-    export GGML_PY_BUILD=$folder
+    export GGML_PY_BUILD=$PWD/$folder
     (cd benchmarks && timeout 500 python3 bench_graph.py --device CUDA0) > "$OUT/bench.txt" 2>&1
     echo "exit $?" >> "$OUT/bench.txt"
     cat "$OUT/bench.txt"
