@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     pass
 
 _OVERHEAD = int(lib.ggml_tensor_overhead())
-_OBJ = _OVERHEAD - 16       # each tensor takes ggml_tensor_overhead() minus alignment slack
 _MAX_CAPACITY = 1 << 26
 
 
@@ -172,7 +171,9 @@ class Context(Owned):
     def n_tensors(self) -> int:
         """How many tensors (ops, views, inputs) this context holds."""
         with self._records():
-            return sum(int(lib.ggml_used_mem(r)) for r in self._raws()) // _OBJ
+            # each record takes ggml_tensor_overhead() exactly (every pinned release), and a
+            # Context's chunks hold tensor records only
+            return sum(int(lib.ggml_used_mem(r)) for r in self._raws()) // _OVERHEAD
 
     def spans(self) -> list[tuple[int, int]]:
         """The address ranges of this context's tensor records, one per chunk."""

@@ -218,7 +218,10 @@ def one(ctx, other):
 
 
 for case in range(n):
-    with gg.Context() as ctx, gg.Context() as other:
+    # small capacities: chunks fill under the checked ops (they refuse, the Python path opens
+    # the next chunk)
+    cap = rng.choice([1, 2, 5, 4096, 4096])
+    with gg.Context(capacity=cap) as ctx, gg.Context(capacity=cap) as other:
         print(case, one(ctx, other), flush=True)
 print("DONE")
 print(sorted(STATS.items()), file=sys.stderr)
@@ -237,6 +240,18 @@ def _run(seed: int, n: int, checked: bool) -> tuple[list[str], str]:
         f"seed {seed} ({'with' if checked else 'without'} the checked ops) died with "
         f"{r.returncode} after {lines[-1:]}: {r.stderr[-2000:]}")
     return lines, r.stderr.strip().splitlines()[-1]
+
+
+def test_a_full_chunk_sends_the_checked_op_to_the_python_path():
+    # capacity 1: a chunk has room for 65 records (ggml_py adds 64); the checked op refuses once it
+    # is full and the Python path opens the next chunk, so a long chain builds all the same
+    with gg.Context(capacity=1) as ctx:
+        x = ctx.tensor(gg.f32, (4,))
+        t = x
+        for _ in range(200):
+            t = t + x
+        assert t.op == "ADD" and t.shape == (4,)
+        assert len(ctx.spans()) >= 3 and ctx.n_tensors() == 201   # (65 records a chunk)
 
 
 @pytest.mark.parametrize("seed", range(4))
