@@ -376,6 +376,7 @@ static struct ggml_tensor * ggml_py_rope_in(struct ggml_context * ctx, struct gg
     }
     if (!ggml_py_type_in(a, types) || !ggml_py_rows(a) ||
         (mode != 0 && mode != GGML_ROPE_TYPE_NEOX) || n_dims <= 0 || n_dims > a->ne[0] ||
+        n_dims > INT32_MAX ||                       /* (ggml takes an int) */
         n_dims % 2 != 0 || n_ctx_orig < 0 || pos->type != GGML_TYPE_I32 || pos->ne[1] != 1 ||
         pos->ne[2] != 1 || pos->ne[3] != 1 || pos->ne[0] != a->ne[2]) {
         return NULL;

@@ -141,8 +141,10 @@ def axes_for(x):
         return tuple(ax)
     if k < 0.8:
         return tuple(bool(a) if a < 2 else a for a in ax)
-    if k < 0.9:
+    if k < 0.85:
         return tuple(np.int64(a) for a in ax)
+    if k < 0.9:                    # unhashable or array axes
+        return tuple(rng.choice([[a], np.array(a), a]) for a in ax)
     return tuple(arg_int() for _ in range(rng.randint(0, 4)))
 
 
@@ -194,12 +196,15 @@ def one(ctx, other):
         s, mb = arg_float(), (0.0 if rng.random() < 0.7 else arg_float())
         f = lambda: gg.soft_max(a, m, s, mb)
     elif op == "rope_ext":
+        if rng.random() < 0.05:         # a head wider than a C int (no memory: only metadata)
+            a = ctx.tensor(gg.f16, (1, 1, 1, 2 ** 32 + rng.choice([0, 2])))
         ntok = a.ne[2] if rng.random() < 0.8 else rng.randint(1, 4)
         pos = ctx.tensor(gg.i32 if rng.random() < 0.85 else gg.f32,
                          (ntok,) if rng.random() < 0.9 else (ntok, 2))
         kw = {}
         if rng.random() < 0.4:
-            kw["n_dims"] = rng.choice([None, a.ne[0], a.ne[0] // 2 * 2, 2, 3, 0, -2, True])
+            kw["n_dims"] = rng.choice([None, a.ne[0], a.ne[0] // 2 * 2, 2, 3, 0, -2, True,
+                                       2 ** 32 + 2])
         if rng.random() < 0.3:
             kw["mode"] = rng.choice([0, 2, 8, -1, np.int64(2)])
         if rng.random() < 0.2:

@@ -107,15 +107,16 @@ def permute(a: Tensor, axes: Any) -> Tensor:
     """numpy's ``np.transpose(a, axes)`` as a view."""
     if CHECKED is not None and isinstance(a, TensorBase):
         nd = a._ndim or a.ndim
-        known = _PERMS.get((nd, axes)) if axes.__class__ is tuple else None
-        if known is not None:           # a permutation met before, checked in C (helpers.c)
+        if axes.__class__ is tuple:
             for x in axes:
-                if x.__class__ is not int:      # (True == 1: a bool must meet index_of)
-                    break
+                if x.__class__ is not int:      # (True == 1: a bool must meet index_of; an
+                    break                       # unhashable axis must not reach the dict)
             else:
-                t = a.ctx.checked(CHECKED.ggml_py_permute, (a._p, *known), nd)
-                if t is not None:
-                    return t
+                known = _PERMS.get((nd, axes))
+                if known is not None:   # a permutation met before, checked in C (helpers.c)
+                    t = a.ctx.checked(CHECKED.ggml_py_permute, (a._p, *known), nd)
+                    if t is not None:
+                        return t
     a = tensor(a, "permute")
     n = a.ndim
     if isinstance(axes, (str, bytes)):
