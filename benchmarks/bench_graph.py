@@ -90,7 +90,7 @@ def build_raw(n):
 
 
 # a transformer-like layer (llama's shape: norms, attention with rope and a mask, a gated
-# MLP), 31 ggml tensors per layer; E model width, H heads of D, T tokens, F MLP width
+# MLP), 30 ggml tensors per layer; E model width, H heads of D, T tokens, F MLP width
 E, H, D, T, F = 256, 4, 64, 8, 512
 WEIGHTS = [(E,), (E, E), (E, E), (E, E), (E, E), (E,), (F, E), (F, E), (E, F)]   # numpy order
 
