@@ -315,6 +315,20 @@ def mlp_raw(be, iters):
     return dt
 
 
+def chain_graph(be, ctx, size):
+    """The graph of `size` adds on 4096 floats, its inputs allocated on `be` and set (as
+    native_graph.c's chain)."""
+    x = ctx.tensor(gg.f32, (4096,))
+    y = ctx.tensor(gg.f32, (4096,))
+    ctx.alloc(be)
+    x.set(np.ones(4096, np.float32))
+    y.set(np.ones(4096, np.float32))
+    out = x
+    for _ in range(size):
+        out = out + y
+    return gg.Graph(out)
+
+
 def compute_py(dev, test, size, reps, wtype="f32"):
     rng = np.random.default_rng(0)
     with dev.backend() as be, gg.Context() as ctx:
@@ -325,16 +339,9 @@ def compute_py(dev, test, size, reps, wtype="f32"):
             a.set(rng.standard_normal((size, size), dtype=np.float32).astype(a.dtype or np.float32))
             b.set(rng.standard_normal((size, size), dtype=np.float32))
             out = gg.mul_mat(a, b)
+            g = gg.Graph(out)
         else:
-            x = ctx.tensor(gg.f32, (4096,))
-            y = ctx.tensor(gg.f32, (4096,))
-            ctx.alloc(be)
-            x.set(np.ones(4096, np.float32))
-            y.set(np.ones(4096, np.float32))
-            out = x
-            for _ in range(size):
-                out = out + y
-        g = gg.Graph(out)
+            g = chain_graph(be, ctx, size)
         for _ in range(2):
             be.compute(g)
         times = []

@@ -17,26 +17,17 @@ import argparse
 import statistics
 import time
 
-import numpy as np
-
 import ggml_py as gg
 from ggml_py import lib
 from _common import run_native
+from bench_graph import chain_graph
 
 
 def ours_and_raw(dev, nodes, reps):
     """(best, mean) seconds of `be.compute(g)` and of lib.ggml_backend_graph_compute on the
     same graph from this process: the second is the cost of the call without ggml_py."""
     with dev.backend() as be, gg.Context() as ctx:
-        x = ctx.tensor(gg.f32, (4096,))
-        y = ctx.tensor(gg.f32, (4096,))
-        ctx.alloc(be)
-        x.set(np.ones(4096, np.float32))
-        y.set(np.ones(4096, np.float32))
-        out = x
-        for _ in range(nodes):
-            out = out + y
-        g = gg.Graph(out)
+        g = chain_graph(be, ctx, nodes)
         for _ in range(2):
             be.compute(g)
         raw_be, raw_g, compute = be.ptr, g.ptr, lib.ggml_backend_graph_compute
