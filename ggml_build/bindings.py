@@ -242,6 +242,7 @@ int ggml_py_prepare(struct ggml_cgraph * g, ggml_backend_t be, ggml_backend_dev_
                     ggml_backend_dev_t cpu, int op_get_rows, int op_set_rows,
                     struct ggml_tensor ** index_out, int index_cap, struct ggml_py_prep * out);
 int64_t ggml_py_room(struct ggml_context * ctx);
+int ggml_py_copy(struct ggml_tensor * t, void * data, size_t size, int to_tensor);
 typedef struct ggml_tensor * (*ggml_py_fn1)(struct ggml_context *, struct ggml_tensor *);
 typedef struct ggml_tensor * (*ggml_py_fn2)(struct ggml_context *, struct ggml_tensor *,
                                             struct ggml_tensor *);

@@ -97,11 +97,17 @@ def _whole(array: Any, t: "Tensor", offset: Any, writable: bool) -> "TypeGuard[n
             and (flags.writeable or not writable))
 
 
+# a whole host copy in one C call when the tensor has memory on no RPC device (helpers.c;
+# None without it): what require_memory checks, asked in C, the copy done there
+_COPY: Any = getattr(lib, "ggml_py_copy", None)
+
+
 def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:
     if _whole(array, t, offset, writable=False):
         with t.ctx._lock:
-            lib.ggml_backend_tensor_set(t.require_memory("set"), ffi.from_buffer("void *", array),
-                                        0, array.nbytes)
+            buf = ffi.from_buffer("void *", array)
+            if _COPY is None or _COPY(t.ptr, buf, array.nbytes, 1) != 0:
+                lib.ggml_backend_tensor_set(t.require_memory("set"), buf, 0, array.nbytes)
         return
     if (isinstance(array, np.ndarray) and t.dtype is None and array.dtype == np.float32
             and offset == 0 and array.size == t.size):
@@ -116,9 +122,9 @@ def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:
 def blocking_get(t: "Tensor", out: Any, offset: Any = 0) -> np.ndarray:
     if _whole(out, t, offset, writable=True):
         with t.ctx._lock:
-            lib.ggml_backend_tensor_get(t.require_memory("get"),
-                                        ffi.from_buffer("void *", out, require_writable=True),
-                                        0, out.nbytes)
+            buf = ffi.from_buffer("void *", out, require_writable=True)
+            if _COPY is None or _COPY(t.ptr, buf, out.nbytes, 0) != 0:
+                lib.ggml_backend_tensor_get(t.require_memory("get"), buf, 0, out.nbytes)
         return out
     out, offset = _host_array(t, out, offset, writable=True, what="get", memory=False)
     if out.nbytes:
