@@ -88,6 +88,9 @@ class Context(Owned):
     so the capacity grows as needed."""
 
     _kind = "context"
+    #: the class of the tensors it holds (what wraps a raw tensor of it; the binary ops make
+    #: their results with it, having called their checked op themselves)
+    tensor_class = Tensor
 
     def __init__(self, capacity: int = 4096) -> None:
         capacity = index_of(capacity, "Context: capacity")
@@ -101,13 +104,16 @@ class Context(Owned):
         self._head = first                 # the newest chunk, where tensors are made
         # the checked ops' side (helpers.c): the newest chunk, and a mutex held by a checked
         # op while it builds and by this object wherever it builds in, walks or closes its
-        # chunks (_records), so ggml never sees two threads in one chunk
-        self._state: Any = None
+        # chunks (_records), so ggml never sees two threads in one chunk. The handle that
+        # every ggml_py_* checked op takes first (None for bindings without helpers.c):
+        # read it (Context.checked, and the binary ops, which call their helper themselves
+        # on the hottest path), never assign it
+        self.checked_state: Any = None
         if _STATE_NEW is not None:
             st = _STATE_NEW(first)
             if st == ffi.NULL:
                 raise OutOfMemory("Context: no memory for its state")
-            self._state = ffi.gc(st, lib.ggml_py_ctx_free)
+            self.checked_state = ffi.gc(st, lib.ggml_py_ctx_free)
         self._keep: list[Any] = []         # graphs/allocators/schedulers that placed memory here
         self._buffers: list[Buffer] = []   # buffers made for its tensors
         self._uses: set[Context] = set()   # other contexts its tensors read (strong)
@@ -145,8 +151,8 @@ class Context(Owned):
             self._chunks.append(chunk)
             self._spans.append(self._span(raw))
             self._head = raw
-            if self._state is not None:         # (the caller holds _records)
-                lib.ggml_py_ctx_set_head(self._state, raw)
+            if self.checked_state is not None:         # (the caller holds _records)
+                lib.ggml_py_ctx_set_head(self.checked_state, raw)
         return self._head
 
     @contextlib.contextmanager
@@ -155,7 +161,7 @@ class Context(Owned):
         walk or change its chunks. Not held while Python code that could reach this context
         again runs (views' init, buffers, finalizers): the mutex is not re-entrant."""
         with self._lock:
-            st = self._state
+            st = self.checked_state
             if st is None:
                 yield
                 return
@@ -197,7 +203,7 @@ class Context(Owned):
                 p = self._build_shared(fn, args, uses, room, view)
                 break
         else:                                   # (the common case: operands of this context)
-            lock, st = self._lock, self._state
+            lock, st = self._lock, self.checked_state
             lock.acquire()                      # (cheaper than `with` on this hot path)
             try:
                 if self._raw is None:
@@ -236,7 +242,7 @@ class Context(Owned):
         refused, and the op then takes its Python path (which raises ClosedError, opens a
         chunk, or words the refusal). Operands are this context's."""
         try:
-            p = helper(self._state, *args)
+            p = helper(self.checked_state, *args)
         except (OverflowError, TypeError):      # an argument C cannot take: the Python path
             return None                         # says why
         return Tensor(p, self, ndim) if p else None
@@ -449,10 +455,10 @@ class Context(Owned):
         with self._lock:
             if self._raw is None:
                 return
-            if self._state is not None:     # checked ops refuse from now on
-                _C_LOCK(self._state)
-                lib.ggml_py_ctx_set_head(self._state, ffi.NULL)
-                _C_UNLOCK(self._state)
+            if self.checked_state is not None:     # checked ops refuse from now on
+                _C_LOCK(self.checked_state)
+                lib.ggml_py_ctx_set_head(self.checked_state, ffi.NULL)
+                _C_UNLOCK(self.checked_state)
             for k in self._keep:   # schedulers give graphs with nodes here back before they go
                 forget = getattr(k, "_forget", None)
                 if forget is not None and not k.closed:

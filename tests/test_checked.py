@@ -49,6 +49,13 @@ if gg.ops._common.CHECKED is not None:
         STATS[(helper.__name__, t is not None)] += 1
         return t
     gg.Context.checked = counted
+    _binary = gg.ops.elementwise._BINARY      # (the binary ops call their helper themselves)
+
+    def counted_binary(*args):
+        p = _binary(*args)
+        STATS[("ggml_py_binary", bool(p))] += 1
+        return p
+    gg.ops.elementwise._BINARY = counted_binary
 
 
 def dims(quant):
