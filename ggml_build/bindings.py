@@ -252,9 +252,9 @@ void ggml_py_ctx_free(struct ggml_py_ctx * st);
 void ggml_py_ctx_lock(struct ggml_py_ctx * st);
 void ggml_py_ctx_unlock(struct ggml_py_ctx * st);
 void ggml_py_ctx_set_head(struct ggml_py_ctx * st, struct ggml_context * head);
+void ggml_py_binary_types(uint64_t types);
 struct ggml_tensor * ggml_py_binary(struct ggml_py_ctx * st, ggml_py_fn2 fn,
-                                    struct ggml_tensor * a, struct ggml_tensor * b,
-                                    uint64_t types, int numpy);
+                                    struct ggml_tensor * a, struct ggml_tensor * b, int numpy);
 struct ggml_tensor * ggml_py_unary(struct ggml_py_ctx * st, ggml_py_fn1 fn,
                                    struct ggml_tensor * a, uint64_t types);
 struct ggml_tensor * ggml_py_mul_mat(struct ggml_py_ctx * st, struct ggml_tensor * a,

@@ -461,10 +461,19 @@ static struct ggml_tensor * ggml_py_cont_in(struct ggml_context * ctx, struct gg
     GGML_PY_MUTEX_UNLOCK(&st->mutex);                                                  \
     return r
 
+/* the binary ops' types (ops/elementwise's FLOAT_MASK), given once when ops/elementwise is
+ * imported: a 64-bit mask argument cost a twentieth of an add (cffi's conversion of a
+ * large int), and these ops are the ones graphs are built of node by node */
+static uint64_t ggml_py_binary_mask = 0;
+
+static void ggml_py_binary_types(uint64_t types) {
+    ggml_py_binary_mask = types;
+}
+
 static struct ggml_tensor * ggml_py_binary(struct ggml_py_ctx * st, ggml_py_fn2 fn,
                                            struct ggml_tensor * a, struct ggml_tensor * b,
-                                           uint64_t types, int numpy) {
-    GGML_PY_CHECKED(ggml_py_binary_in(ctx, fn, a, b, types, numpy));
+                                           int numpy) {
+    GGML_PY_CHECKED(ggml_py_binary_in(ctx, fn, a, b, ggml_py_binary_mask, numpy));
 }
 
 static struct ggml_tensor * ggml_py_unary(struct ggml_py_ctx * st, ggml_py_fn1 fn,

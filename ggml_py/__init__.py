@@ -9,8 +9,9 @@ another release; set ``GGML_METAL_DEVICES=N`` (macOS) before the first device lo
 Metal virtual devices.
 
 The house, from the loader up (each module imports only modules listed before it):
-``errors`` -> ``_loader`` -> ``_handle`` (owned/borrowed handles) -> ``_liveness`` (RPC
-servers, by endpoint) -> ``_types`` -> ``_buffer`` -> ``_transfer`` -> ``_backend`` ->
+``errors`` -> ``_loader`` -> ``_handle`` (owned/borrowed handles) -> ``_metadata`` (the
+ggml contexts of tensor records and graphs, reused) -> ``_liveness`` (RPC servers, by
+endpoint) -> ``_types`` -> ``_buffer`` -> ``_transfer`` -> ``_backend`` ->
 ``_event`` -> ``_device`` (registries, devices, buffer types) -> ``_tensor_base`` (tensor
 facts) -> ``ops`` (op builders by family) -> ``_tensor`` (Tensor and its operators) ->
 ``_context`` -> ``dlpack`` -> ``_graph`` -> ``_scheduler`` -> ``rpc``/``gguf`` (loaded on

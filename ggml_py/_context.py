@@ -17,12 +17,13 @@ Threads: building tensors in one context from several threads is serialized by i
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from . import _types as T
+from . import _metadata, _types as T
 from ._backend import Backend
 from ._buffer import Buffer
 from ._device import BufferType
@@ -72,25 +73,16 @@ def _init_view(p: Any) -> None:
         lib.ggml_backend_view_init(p)
 
 
-def _free_metadata(raws: list[Any]) -> None:
-    for raw in raws:
-        lib.ggml_free(raw)
-
-
-class _Chunk(Owned):
-    """One ``ggml_context`` of a Context (a new one opens when the last fills)."""
-
-    _kind = "context"
-
-
 class Context(Owned):
     """Metadata for up to `capacity` tensors per chunk; a new chunk is opened when one fills,
     so the capacity grows as needed."""
 
     _kind = "context"
-    #: the class of the tensors it holds (what wraps a raw tensor of it; the binary ops make
-    #: their results with it, having called their checked op themselves)
-    tensor_class = Tensor
+    #: ``Context.pool_limit(n_bytes)``: how many bytes of freed chunks (this class's and
+    #: graphs') are kept for reuse, 32 MiB by default; 0 keeps none. Returns the limit before.
+    #: A program that builds its graph again and again (each token, each step) then writes
+    #: its records into memory it touched before instead of fresh pages.
+    pool_limit = staticmethod(_metadata.pool_limit)
 
     def __init__(self, capacity: int = 4096) -> None:
         capacity = index_of(capacity, "Context: capacity")
@@ -98,8 +90,12 @@ class Context(Owned):
                 f"Context: capacity must be in 1..{_MAX_CAPACITY}, got {capacity}")
         self._capacity = capacity
         first = self._new_chunk()
-        super().__init__(first, lib.ggml_free)
-        self._chunks: list[_Chunk] = []
+        # every chunk (ggml_context), the first included: a new one opens when the last
+        # fills. Plain handles, freed with this object (never with a Python object of their
+        # own: one that kept this Context as its parent made a cycle, so a Context of more
+        # than one chunk waited for the cyclic collector to give its memory back)
+        self._chunks: list[Any] = [first]
+        super().__init__(first, functools.partial(_metadata.release_all, self._chunks))
         self._spans = [self._span(first)]
         self._head = first                 # the newest chunk, where tensors are made
         # the checked ops' side (helpers.c): the newest chunk, and a mutex held by a checked
@@ -126,10 +122,7 @@ class Context(Owned):
 
     # -- chunks ------------------------------------------------------------------------------
     def _new_chunk(self) -> Any:
-        params = ffi.new("struct ggml_init_params *",
-                         {"mem_size": _OVERHEAD * (self._capacity + 64), "mem_buffer": ffi.NULL,
-                          "no_alloc": True})
-        raw = lib.ggml_init(params[0])
+        raw = _metadata.new(_OVERHEAD * (self._capacity + 64))
         if raw == ffi.NULL:
             raise OutOfMemory(f"Context: ggml_init could not reserve room for {self._capacity} "
                               "tensors")
@@ -147,8 +140,7 @@ class Context(Owned):
         self.ptr                                # (ClosedError once closed)
         if _records_left(self._head) < n:
             raw = self._new_chunk()
-            chunk = _Chunk(raw, lib.ggml_free, parents=(self,))
-            self._chunks.append(chunk)
+            self._chunks.append(raw)
             self._spans.append(self._span(raw))
             self._head = raw
             if self.checked_state is not None:         # (the caller holds _records)
@@ -172,7 +164,8 @@ class Context(Owned):
                 _C_UNLOCK(st)
 
     def _raws(self) -> list[Any]:
-        return [self.ptr] + [c.ptr for c in self._chunks]
+        self.ptr                                # (ClosedError once closed)
+        return list(self._chunks)
 
     def n_tensors(self) -> int:
         """How many tensors (ops, views, inputs) this context holds."""
@@ -480,16 +473,14 @@ class Context(Owned):
             # tensors keeps it, so a thread that checked "open" just before this close, or
             # ggml walking a closed operand's record, reads a record instead of freed memory
             # (data is what close() frees: the buffers; the records then raise ClosedError)
-            metadata = [self._raw] + [c._raw for c in self._chunks if c._raw is not None]
-            for h in (self, *self._chunks):
-                h._finalizer.detach()
-            weakref.finalize(self, _free_metadata, metadata)
+            self._finalizer.detach()
+            weakref.finalize(self, _metadata.release_all, self._chunks)
             super().close()        # closes the chunks and buffers (children) first
             self._buffers = []
             self._pending = []
 
     def __repr__(self) -> str:
-        return "<Context closed>" if self.closed else f"<Context chunks={1 + len(self._chunks)}>"
+        return "<Context closed>" if self.closed else f"<Context chunks={len(self._chunks)}>"
 
 
 __all__ = ["Context"]

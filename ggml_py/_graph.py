@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from . import _handle
+from . import _handle, _metadata
 from ._handle import Owned
 from ._liveness import free_guard, second_opinion
 from ._loader import cstr, ffi, lib
@@ -45,7 +45,17 @@ _TENSOR = ffi.typeof("struct ggml_tensor *")
 
 
 class _GraphMemory(Owned):
+    """A graph's ggml memory. Closed with the graph or a context of its tensors; given back
+    (to _metadata's pool) only when this object is collected with its Graph, so that a stale
+    read of a closed graph reads that graph, never a newer one built in the reused chunk."""
+
     _kind = "graph"
+
+    def close(self) -> None:
+        with self._lock:
+            if self._raw is not None and self._finalizer.detach() is not None:
+                weakref.finalize(self, _metadata.release, self._raw)
+            super().close()
 
 
 def _addr(p: Any) -> int:
@@ -158,9 +168,7 @@ class Graph:
             require(capacity <= _MAX_NODES, f"Graph: capacity must be at most {_MAX_NODES}")
         n = capacity or max(int(lib.GGML_DEFAULT_GRAPH_SIZE), 2 * count + 16)
         overhead = int(lib.ggml_graph_overhead_custom(n, False))
-        params = ffi.new("struct ggml_init_params *",
-                         {"mem_size": overhead + 1024, "mem_buffer": ffi.NULL, "no_alloc": True})
-        raw = lib.ggml_init(params[0])
+        raw = _metadata.new(overhead + 1024)
         if raw == ffi.NULL:
             raise GGMLError("Graph: ggml_init failed for the graph")
         try:
@@ -172,11 +180,11 @@ class Graph:
             if len(self._contexts) > 1:
                 self._contexts = self._reached(self._contexts)
         except BaseException:
-            lib.ggml_free(raw)
+            _metadata.release(raw)
             raise
         # every context holding a node or leaf (and only those): a closed one would leave the
         # graph pointing into freed memory, so computing then raises instead
-        self._meta = _GraphMemory(raw, lib.ggml_free, parents=tuple(self._contexts))
+        self._meta = _GraphMemory(raw, _metadata.release, parents=tuple(self._contexts))
 
     def _reached(self, contexts: list["Context"]) -> list["Context"]:
         """The contexts of `contexts` that hold a node or leaf of this graph (a context the
@@ -193,6 +201,7 @@ class Graph:
     # -- structure ---------------------------------------------------------------------------
     @property
     def n_nodes(self) -> int:
+        self._meta.ptr       # (ClosedError once closed, or a context of its tensors is)
         return int(lib.ggml_graph_n_nodes(self.ptr))
 
     @property
@@ -225,7 +234,7 @@ class Graph:
         (cffi pointers hash and compare by address). `fresh` walks again: a scheduler points
         split nodes at copies of its own until its next split, and pictures show them."""
         if self._nodes is None or fresh:
-            n = self.n_nodes
+            n = int(lib.ggml_graph_n_nodes(self.ptr))     # (walked while building, too)
             nodes: list[Any] = ffi.unpack(lib.ggml_graph_nodes(self.ptr), n) if n else []
             keys = set(ffi.unpack(ffi.cast(_WORDS, lib.ggml_graph_nodes(self.ptr)), n)) \
                 if n else set()                   # the nodes' addresses

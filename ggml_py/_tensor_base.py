@@ -107,7 +107,8 @@ class TensorBase:
         # are read from ggml on first use
         self._p = p
         self.ctx = ctx
-        self._ndim = ndim
+        # an int from the start (the binary ops compare operands' without a call)
+        self._ndim = ndim if ndim else int(lib.ggml_n_dims(p))
         self._type = type
         self._ne = ne
         self._nb = nb

@@ -283,7 +283,7 @@ for prog in range(n):
     for step in range(rng.randint(4, 28)):
         what = rng.choice(["ctx", "input", "input", "unary", "binary", "binary", "close",
                            "closebuf", "graph", "graph", "recompute", "recompute", "read",
-                           "reset", "shared"])
+                           "reset", "shared", "readgraph"])
         if what == "ctx" or not ctxs:
             ctxs.append(gg.Context(capacity=rng.choice([8, 64, 1024])))
             continue
@@ -320,6 +320,18 @@ for prog in range(n):
         if what == "recompute":
             if graphs:
                 run(*rng.choice(graphs), "recomputed")
+            continue
+        if what == "readgraph":            # a graph's structure: refused exactly when closed
+            if graphs:
+                g = rng.choice(graphs)[1]
+                gone = any(c.closed for c in g.contexts)
+                try:
+                    n = g.n_nodes
+                    assert not gone, "read the nodes of a graph whose context closed"
+                    assert n >= 1 and len(g.nodes) == n
+                except gg.ClosedError:
+                    assert gone, "refused, yet all open"
+                    counts["refused"] += 1
             continue
         if not live:
             continue

@@ -50,6 +50,18 @@ def _broadcast(a: Tensor, b: Tensor, name: str) -> tuple[Tensor, Tensor]:
 # ggml's binary builders as C function pointers, for helpers.c's checked binary op
 _FN2 = {n: ffi.addressof(lib, f"ggml_{n}") for n in ("add", "sub", "mul", "div")} if CHECKED else {}
 _BINARY: Any = CHECKED.ggml_py_binary if CHECKED is not None else None
+if CHECKED is not None:
+    CHECKED.ggml_py_binary_types(FLOAT_MASK)      # (the rule's types, given to C once)
+# the class of the tensors the binary ops make at once (Tensor: it defines its operators
+# with binary_op in its class body, so it names itself here once it exists; see bind)
+_TENSOR: Any = None
+
+
+def bind(cls: type) -> None:
+    """Name `cls` (Tensor) as the class whose instances the binary ops build from in one
+    checked call; operands of any other class (a subclass included) take :func:`binary`."""
+    global _TENSOR
+    _TENSOR = cls
 
 
 def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = False) -> Tensor:
@@ -107,15 +119,16 @@ def binary_op(name: str, numpy: bool, doc: str = "",
     np_flag = 1 if numpy else 0
 
     def op(a: Any, b: Any) -> Any:
-        if fast is not None and isinstance(b, TensorBase) and isinstance(a, TensorBase):
+        cls = _TENSOR
+        if type(b) is cls and type(a) is cls and fast is not None:
             ctx = a.ctx
             if b.ctx is ctx:
                 # Context.checked's work without its frame (a fifth of an add's cost): the
                 # helper with the context's handle; NULL when refused, closed or full
-                p = _BINARY(ctx.checked_state, fast, a._p, b._p, FLOAT_MASK, np_flag)
+                p = _BINARY(ctx.checked_state, fast, a._p, b._p, np_flag)
                 if p:
-                    nd, nd_b = a._ndim or a.ndim, b._ndim or b.ndim
-                    return ctx.tensor_class(p, ctx, nd if nd >= nd_b else nd_b)
+                    nd, nd_b = a._ndim, b._ndim       # (ints: every tensor is made with one)
+                    return cls(p, ctx, nd if nd >= nd_b else nd_b)
         elif scalar is not None and not isinstance(b, TensorBase):
             return scalar(a, b)
         return binary(fn, a, b, name, numpy)
