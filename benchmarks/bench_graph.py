@@ -26,6 +26,12 @@ import ggml_py as gg
 from ggml_py import ffi, lib
 from _common import best, run_native
 
+# best of REPS builds, on each side (ours, raw cffi, the peer in its child process): the first
+# builds in a process fault in fresh pages for the records (about 2 us a page here), and the
+# C allocator hands later ones fresh pages again now and then; seven reach each side's
+# steady state
+REPS = 7
+
 
 def build_pythonic(n):
     with gg.Context() as ctx:
@@ -41,7 +47,7 @@ def build_pythonic(n):
 PEER = """
 import time, ggml
 n, best = {n}, float("inf")
-for _ in range(3):
+for _ in range({reps}):
     ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=ggml.ggml_tensor_overhead() * (n + 8),
                                                mem_buffer=None, no_alloc=True))
     x = ggml.ggml_new_tensor_1d(ctx, ggml.GGML_TYPE_F32, 4096)   # (as build_raw's)
@@ -59,7 +65,7 @@ print(best)
 def build_peer(n):
     """The chain built through the ctypes peer (ggml-python 0.0.45) in a child process; None
     when the peer is not installed."""
-    return _peer(PEER.format(n=n))
+    return _peer(PEER.format(n=n, reps=REPS))
 
 
 def _peer(script):
@@ -160,7 +166,7 @@ def transformer_raw(L, N, F32, I32, layers, tensor_overhead):
 PEER_TRANSFORMER = TRANSFORMER_RAW + """
 import ggml
 print(min(transformer_raw(ggml, None, ggml.GGML_TYPE_F32, ggml.GGML_TYPE_I32, {layers},
-                          ggml.ggml_tensor_overhead()) for _ in range(3)))
+                          ggml.ggml_tensor_overhead()) for _ in range({reps})))
 """
 
 
@@ -174,7 +180,7 @@ def transformer_raw(layers):
 
 def transformer_peer(layers):
     """The same layers through the ctypes peer, in a child process; None when not installed."""
-    return _peer(PEER_TRANSFORMER.replace("{layers}", str(layers)))
+    return _peer(PEER_TRANSFORMER.replace("{layers}", str(layers)).replace("{reps}", str(REPS)))
 
 
 def build_and_graph_pythonic(n):
@@ -364,8 +370,8 @@ def main():
     print(f"ggml {gg.ggml_version()} on {dev.name} ({dev.description})")
 
     n = args.nodes
-    py = min(build_pythonic(n) for _ in range(3))
-    raw = min(build_raw(n) for _ in range(3))
+    py = min(build_pythonic(n) for _ in range(REPS))
+    raw = min(build_raw(n) for _ in range(REPS))
     print(f"build {n} adds: ggml_py {py / n * 1e6:.2f} us/node, raw cffi {raw / n * 1e6:.2f} us/node "
           f"({py / raw:.2f}x)")
     peer = build_peer(n)
@@ -376,9 +382,9 @@ def main():
               f"ggml_py is {py / peer:.2f}x the peer")
 
     layers = 32
-    runs = [transformer_pythonic(layers) for _ in range(3)]
+    runs = [transformer_pythonic(layers) for _ in range(REPS)]
     py, nodes = min(r[0] for r in runs), runs[0][1]
-    raw = min(transformer_raw(layers) for _ in range(3))
+    raw = min(transformer_raw(layers) for _ in range(REPS))
     peer = transformer_peer(layers)
     print(f"build a transformer-like graph ({layers} layers, {nodes // layers} tensors each): "
           f"ggml_py {py / nodes * 1e6:.2f} us/node, raw cffi {raw / nodes * 1e6:.2f} us/node "

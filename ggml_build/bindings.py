@@ -252,29 +252,31 @@ void ggml_py_ctx_free(struct ggml_py_ctx * st);
 void ggml_py_ctx_lock(struct ggml_py_ctx * st);
 void ggml_py_ctx_unlock(struct ggml_py_ctx * st);
 void ggml_py_ctx_set_head(struct ggml_py_ctx * st, struct ggml_context * head);
+int ggml_py_helpers(void);
+int ggml_py_rule(uint64_t mask);
 void ggml_py_binary_types(uint64_t types);
 struct ggml_tensor * ggml_py_binary(struct ggml_py_ctx * st, ggml_py_fn2 fn,
                                     struct ggml_tensor * a, struct ggml_tensor * b, int numpy);
 struct ggml_tensor * ggml_py_unary(struct ggml_py_ctx * st, ggml_py_fn1 fn,
-                                   struct ggml_tensor * a, uint64_t types);
+                                   struct ggml_tensor * a, int types);
 struct ggml_tensor * ggml_py_mul_mat(struct ggml_py_ctx * st, struct ggml_tensor * a,
-                                     struct ggml_tensor * b, uint64_t a_types, uint64_t b_types);
+                                     struct ggml_tensor * b, int a_types, int b_types);
 struct ggml_tensor * ggml_py_norm(struct ggml_py_ctx * st, struct ggml_tensor * a, double eps,
-                                  uint64_t types, int rms);
+                                  int types, int rms);
 struct ggml_tensor * ggml_py_soft_max(struct ggml_py_ctx * st, struct ggml_tensor * a,
                                       struct ggml_tensor * mask, double scale, double max_bias,
-                                      uint64_t types);
+                                      int types);
 struct ggml_tensor * ggml_py_rope(struct ggml_py_ctx * st, struct ggml_tensor * a,
                                   struct ggml_tensor * pos, int64_t n_dims, int mode,
                                   int n_ctx_orig, double freq_base, double freq_scale,
                                   double ext_factor, double attn_factor, double beta_fast,
-                                  double beta_slow, uint64_t types);
+                                  double beta_slow, int types);
 struct ggml_tensor * ggml_py_reshape(struct ggml_py_ctx * st, struct ggml_tensor * a,
                                      int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
 struct ggml_tensor * ggml_py_permute(struct ggml_py_ctx * st, struct ggml_tensor * a,
                                      int p0, int p1, int p2, int p3);
 struct ggml_tensor * ggml_py_cont(struct ggml_py_ctx * st, struct ggml_tensor * a,
-                                  uint64_t strided_types);
+                                  int strided_types);
 """
 
 

@@ -461,9 +461,41 @@ static struct ggml_tensor * ggml_py_cont_in(struct ggml_context * ctx, struct gg
     GGML_PY_MUTEX_UNLOCK(&st->mutex);                                                  \
     return r
 
-/* the binary ops' types (ops/elementwise's FLOAT_MASK), given once when ops/elementwise is
- * imported: a 64-bit mask argument cost a twentieth of an add (cffi's conversion of a
- * large int), and these ops are the ones graphs are built of node by node */
+/* The type sets of the ops' rules (ops/_common.type_mask, bit t for enum value t), each
+ * registered once by ops/_common.rule when its module is imported, and taken by the entry
+ * points below as the small id registered: cffi's conversion of a 64-bit mask cost 15-30 ns a
+ * call, a twentieth of a whole op. An id never registered reads as the empty set (every type
+ * refused: the Python path decides). The binary ops take none: theirs is fixed
+ * (ggml_py_binary_types), and they are the ops graphs are built of node by node. */
+/* the version ggml_py/_loader.py's HELPERS_VERSION expects (its checked ops stay unused
+ * with any other): bump both when an entry point's arguments change */
+static int ggml_py_helpers(void) {
+    return 2;
+}
+
+#define GGML_PY_MAX_RULES 64
+static uint64_t ggml_py_masks[GGML_PY_MAX_RULES];
+static int ggml_py_n_masks = 0;
+
+/* the id of `mask` (the same id for the same mask); -1 when the table is full. Called with
+ * Python's lock held (ops/_common.rule), never from two threads at once */
+static int ggml_py_rule(uint64_t mask) {
+    for (int i = 0; i < ggml_py_n_masks; i++) {
+        if (ggml_py_masks[i] == mask) {
+            return i;
+        }
+    }
+    if (ggml_py_n_masks == GGML_PY_MAX_RULES) {
+        return -1;
+    }
+    ggml_py_masks[ggml_py_n_masks] = mask;
+    return ggml_py_n_masks++;
+}
+
+static uint64_t ggml_py_mask(int id) {
+    return (unsigned) id < (unsigned) ggml_py_n_masks ? ggml_py_masks[id] : 0;
+}
+
 static uint64_t ggml_py_binary_mask = 0;
 
 static void ggml_py_binary_types(uint64_t types) {
@@ -477,35 +509,34 @@ static struct ggml_tensor * ggml_py_binary(struct ggml_py_ctx * st, ggml_py_fn2 
 }
 
 static struct ggml_tensor * ggml_py_unary(struct ggml_py_ctx * st, ggml_py_fn1 fn,
-                                          struct ggml_tensor * a, uint64_t types) {
-    GGML_PY_CHECKED(ggml_py_unary_in(ctx, fn, a, types));
+                                          struct ggml_tensor * a, int types) {
+    GGML_PY_CHECKED(ggml_py_unary_in(ctx, fn, a, ggml_py_mask(types)));
 }
 
 static struct ggml_tensor * ggml_py_mul_mat(struct ggml_py_ctx * st, struct ggml_tensor * a,
-                                            struct ggml_tensor * b, uint64_t a_types,
-                                            uint64_t b_types) {
-    GGML_PY_CHECKED(ggml_py_mul_mat_in(ctx, a, b, a_types, b_types));
+                                            struct ggml_tensor * b, int a_types, int b_types) {
+    GGML_PY_CHECKED(ggml_py_mul_mat_in(ctx, a, b, ggml_py_mask(a_types), ggml_py_mask(b_types)));
 }
 
 static struct ggml_tensor * ggml_py_norm(struct ggml_py_ctx * st, struct ggml_tensor * a,
-                                         double eps, uint64_t types, int rms) {
-    GGML_PY_CHECKED(ggml_py_norm_in(ctx, a, eps, types, rms));
+                                         double eps, int types, int rms) {
+    GGML_PY_CHECKED(ggml_py_norm_in(ctx, a, eps, ggml_py_mask(types), rms));
 }
 
 static struct ggml_tensor * ggml_py_soft_max(struct ggml_py_ctx * st, struct ggml_tensor * a,
                                              struct ggml_tensor * mask, double scale,
-                                             double max_bias, uint64_t types) {
-    GGML_PY_CHECKED(ggml_py_soft_max_in(ctx, a, mask, scale, max_bias, types));
+                                             double max_bias, int types) {
+    GGML_PY_CHECKED(ggml_py_soft_max_in(ctx, a, mask, scale, max_bias, ggml_py_mask(types)));
 }
 
 static struct ggml_tensor * ggml_py_rope(struct ggml_py_ctx * st, struct ggml_tensor * a,
                                          struct ggml_tensor * pos, int64_t n_dims, int mode,
                                          int n_ctx_orig, double freq_base, double freq_scale,
                                          double ext_factor, double attn_factor, double beta_fast,
-                                         double beta_slow, uint64_t types) {
+                                         double beta_slow, int types) {
     GGML_PY_CHECKED(ggml_py_rope_in(ctx, a, pos, n_dims, mode, n_ctx_orig, freq_base,
                                     freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
-                                    types));
+                                    ggml_py_mask(types)));
 }
 
 static struct ggml_tensor * ggml_py_reshape(struct ggml_py_ctx * st, struct ggml_tensor * a,
@@ -519,6 +550,6 @@ static struct ggml_tensor * ggml_py_permute(struct ggml_py_ctx * st, struct ggml
 }
 
 static struct ggml_tensor * ggml_py_cont(struct ggml_py_ctx * st, struct ggml_tensor * a,
-                                         uint64_t strided_types) {
-    GGML_PY_CHECKED(ggml_py_cont_in(ctx, a, strided_types));
+                                         int strided_types) {
+    GGML_PY_CHECKED(ggml_py_cont_in(ctx, a, ggml_py_mask(strided_types)));
 }

@@ -29,7 +29,7 @@ from ._buffer import Buffer
 from ._device import BufferType
 from ._handle import Owned
 from ._liveness import buffer_device, ensure_alive
-from ._loader import ffi, lib
+from ._loader import HELPERS, ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import MAX_DIMS, MAX_NAME, TensorBase, index_of, shape_of
 from .errors import ClosedError, GGMLError, InvalidArgument, InvalidType, OutOfMemory, require
@@ -56,12 +56,12 @@ def _records_left_py(raw: Any) -> int:
     return (int(lib.ggml_get_mem_size(raw)) - int(lib.ggml_used_mem(raw))) // _OVERHEAD - 1
 
 
-_records_left: Callable[[Any], int] = getattr(lib, "ggml_py_room", None) or _records_left_py
+_records_left: Callable[[Any], int] = (lib.ggml_py_room if HELPERS else None) or _records_left_py
 # a Context's state for helpers.c's checked ops: its newest chunk and the mutex they build
 # under (None for bindings without helpers.c)
-_STATE_NEW: Any = getattr(lib, "ggml_py_ctx_new", None)
-_C_LOCK: Any = getattr(lib, "ggml_py_ctx_lock", None)
-_C_UNLOCK: Any = getattr(lib, "ggml_py_ctx_unlock", None)
+_STATE_NEW: Any = lib.ggml_py_ctx_new if HELPERS else None
+_C_LOCK: Any = lib.ggml_py_ctx_lock if HELPERS else None
+_C_UNLOCK: Any = lib.ggml_py_ctx_unlock if HELPERS else None
 
 
 def _init_view(p: Any) -> None:
@@ -102,8 +102,7 @@ class Context(Owned):
         # op while it builds and by this object wherever it builds in, walks or closes its
         # chunks (_records), so ggml never sees two threads in one chunk. The handle that
         # every ggml_py_* checked op takes first (None for bindings without helpers.c):
-        # read it (Context.checked, and the binary ops, which call their helper themselves
-        # on the hottest path), never assign it
+        # read it (the ops call their helper with it: ops/_common.CHECKED), never assign it
         self.checked_state: Any = None
         if _STATE_NEW is not None:
             st = _STATE_NEW(first)
@@ -226,19 +225,6 @@ class Context(Owned):
                 return Tensor(p, self, ndim, tt, ne, (s, s1, s2, s2 * ne[2]),
                               shape if shape is not None and len(shape) == ndim else None, True)
         return Tensor(p, self, ndim)
-
-    def checked(self, helper: Any, args: tuple[Any, ...], ndim: int) -> Tensor | None:
-        """The result of a checked op (``helper(state, *args)``, one of helpers.c's ggml_py_*
-        builders: under this context's mutex they build one tensor when the operands pass the
-        op's rule, and return NULL before calling ggml otherwise, also once this context is
-        closed or its chunk is full) as a tensor of this context; None when the helper
-        refused, and the op then takes its Python path (which raises ClosedError, opens a
-        chunk, or words the refusal). Operands are this context's."""
-        try:
-            p = helper(self.checked_state, *args)
-        except (OverflowError, TypeError):      # an argument C cannot take: the Python path
-            return None                         # says why
-        return Tensor(p, self, ndim) if p else None
 
     def _build_shared(self, fn: Callable[..., Any], args: Iterable[Any],
                       uses: Iterable[TensorBase], room: int, view: bool) -> Any:

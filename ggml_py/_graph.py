@@ -24,7 +24,7 @@ import numpy as np
 from . import _handle, _metadata
 from ._handle import Owned
 from ._liveness import free_guard, second_opinion
-from ._loader import cstr, ffi, lib
+from ._loader import HELPERS, cstr, ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import give_back_rewired, own_sources
 from .errors import ClosedError, GGMLError, InvalidArgument, InvalidType, UnsupportedError, check, require
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 _GET_ROWS, _SET_ROWS = int(lib.GGML_OP_GET_ROWS), int(lib.GGML_OP_SET_ROWS)
 _OP_NONE = int(lib.GGML_OP_NONE)
-_PREPARE: Any = getattr(lib, "ggml_py_prepare", None)    # the C helper (API-mode builds)
+_PREPARE: Any = lib.ggml_py_prepare if HELPERS else None    # the C helper (API-mode builds)
 _MAX_NODES = 1 << 24
 _MAX_SRC = int(lib.GGML_MAX_SRC)
 _WORDS = ffi.typeof("uintptr_t *")

@@ -54,6 +54,22 @@ def load() -> tuple[Any, Any, dict[str, Any], Path]:
 
 ffi, lib, BUILD, BUILD_DIR = load()
 
+#: the version of ggml_build/helpers.c this package calls (ggml_py_helpers() returns it;
+#: bumped whenever an entry point's arguments change)
+HELPERS_VERSION = 2
+#: whether the build's helpers are that version. A build made by an older ggml_py (the
+#: package updated, the build not) has helpers whose arguments differ: its checked ops stay
+#: unused (every op takes its Python path, slower and otherwise the same), and a warning says
+#: to rebuild
+HELPERS = (getattr(lib, "ggml_py_helpers", None) is not None
+           and int(lib.ggml_py_helpers()) == HELPERS_VERSION)
+if not HELPERS and hasattr(lib, "ggml_py_binary"):
+    import warnings
+    from .errors import GGMLWarning
+    warnings.warn(f"ggml_py: the build {BUILD_DIR.name} was made by an older ggml_py; its fast "
+                  f"paths are off until it is rebuilt (python build_ggml.py --ggml "
+                  f"{BUILD.get('release', '<release>')})", GGMLWarning, stacklevel=2)
+
 if BUILD.get("backend_dl"):
     # GGML_BACKEND_DL=ON: the backends are modules ggml loads at run time. ggml would look in
     # the interpreter's folder; ours are beside this build's libraries. Among the CPU variants

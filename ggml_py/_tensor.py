@@ -204,6 +204,6 @@ class Tensor(TensorBase):
         return True
 
 
-ops.elementwise.bind(Tensor)     # (its operators build Tensors in one checked call)
+ops.bind(Tensor)     # (its operators build Tensors in one checked call)
 
 __all__ = ["Tensor"]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 import numpy as np
 
 from . import _types as T
-from ._loader import ffi, lib
+from ._loader import HELPERS, ffi, lib
 from .errors import InvalidArgument, InvalidType, require
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def _whole(array: Any, t: "Tensor", offset: Any, writable: bool) -> "TypeGuard[n
 
 # a whole host copy in one C call when the tensor has memory on no RPC device (helpers.c;
 # None without it): what require_memory checks, asked in C, the copy done there
-_COPY: Any = getattr(lib, "ggml_py_copy", None)
+_COPY: Any = lib.ggml_py_copy if HELPERS else None
 
 
 def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:

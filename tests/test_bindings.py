@@ -112,3 +112,45 @@ def test_any_module_imported_first_leaves_the_face_whole(module):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120, env=child_env())
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-2000:]
+
+
+@pytest.mark.skipif(INFO["bindings"] != "api", reason="ABI-mode bindings have no C helpers")
+def test_a_build_of_other_helpers_runs_on_the_python_paths_and_says_to_rebuild(tmp_path):
+    # the package updated and the build not (helpers.c's entry points take other arguments
+    # then): a copy of this package that expects another helpers version, over the same build.
+    # It warns once, calls no helper, and every op still gives its value
+    import shutil
+    root = Path(gg.__file__).parent
+    pkg = tmp_path / "ggml_py"
+    shutil.copytree(root, pkg, ignore=shutil.ignore_patterns("lib", "__pycache__"))
+    os.symlink(root / "lib", pkg / "lib")
+    loader = pkg / "_loader.py"
+    text = loader.read_text()
+    version = f"HELPERS_VERSION = {gg._loader.HELPERS_VERSION}\n"
+    assert version in text
+    loader.write_text(text.replace(version, "HELPERS_VERSION = 999999\n"))
+    code = """if True:
+        import numpy as np, ggml_py as gg
+        assert gg.__file__.startswith(sys.argv[1]), gg.__file__
+        from ggml_py import _context, _graph, _transfer, ops
+        assert ops._common.CHECKED is None and ops._common.rule(3) == -1
+        assert _context._STATE_NEW is None and _graph._PREPARE is None and _transfer._COPY is None
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        with gg.device("CPU").backend() as be, gg.Context() as ctx:
+            a = ctx.from_numpy(x)
+            out = gg.reshape(gg.silu(a + a) @ gg.permute(a, (1, 0)), (9,))
+            ctx.alloc(be)
+            be.compute(gg.Graph(out))
+            s = 2 * x / (1 + np.exp(-2 * x))
+            assert np.allclose(out.numpy(), (s @ x.T).reshape(9), rtol=1e-4), out.numpy()
+        print("ok")
+    """
+    env = dict(os.environ, GGML_PY_BUILD=str(BUILD),
+               PYTHONPATH=os.pathsep.join([str(tmp_path)] + [
+                   p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    r = subprocess.run([sys.executable, "-W", "always", "-c", "import sys\n" + code,
+                        str(tmp_path)], capture_output=True, text=True, timeout=120,
+                       env=env, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    assert r.stderr.count("made by an older ggml_py") == 1, r.stderr
+    assert "build_ggml.py --ggml" in r.stderr

@@ -42,20 +42,18 @@ TYPES = [gg.f32] * 5 + [gg.f16, gg.f16, gg.bf16, gg.i32, gg.i16, gg.i8, gg.f64, 
 import collections
 STATS = collections.Counter()
 if gg.ops._common.CHECKED is not None:
-    _checked = gg.Context.checked
+    # every op calls its helper through a module name _C_<HELPER>: each is wrapped to count
+    def counting(helper):
+        def counted(*args):
+            p = helper(*args)
+            STATS[(helper.__name__, bool(p))] += 1
+            return p
+        return counted
 
-    def counted(self, helper, args, ndim):
-        t = _checked(self, helper, args, ndim)
-        STATS[(helper.__name__, t is not None)] += 1
-        return t
-    gg.Context.checked = counted
-    _binary = gg.ops.elementwise._BINARY      # (the binary ops call their helper themselves)
-
-    def counted_binary(*args):
-        p = _binary(*args)
-        STATS[("ggml_py_binary", bool(p))] += 1
-        return p
-    gg.ops.elementwise._BINARY = counted_binary
+    for _mod in (gg.ops.elementwise, gg.ops.linalg, gg.ops.nn, gg.ops.shape):
+        for _name, _helper in list(vars(_mod).items()):
+            if _name.startswith("_C_") and _helper is not None:
+                setattr(_mod, _name, counting(_helper))
 
 
 def dims(quant):

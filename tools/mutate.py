@@ -170,8 +170,8 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "ggml_py/ops/shape.py", "        return (s0, 1, 1, 1) if s0.__class__ is int else None",
         "        return (s0, 1, 1, 1)", ["tests/test_checked.py", "-k", "python_rules"]),
     "checked norm takes float eps only": (
-        "ggml_py/ops/nn.py", "isinstance(a, TensorBase) and eps.__class__ is float:\n        t = a.ctx.checked(CHECKED.ggml_py_norm, (a._p, eps, _RMS_NORM",
-        "isinstance(a, TensorBase):\n        t = a.ctx.checked(CHECKED.ggml_py_norm, (a._p, eps, _RMS_NORM",
+        "ggml_py/ops/nn.py", "eps.__class__ is float:\n        ctx = a.ctx\n        p = _C_NORM(ctx.checked_state, a._p, eps, _RMS_NORM",
+        ":\n        ctx = a.ctx\n        p = _C_NORM(ctx.checked_state, a._p, eps, _RMS_NORM",
         ["tests/test_checked.py", "-k", "python_rules"]),
 }
 

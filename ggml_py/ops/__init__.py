@@ -34,5 +34,16 @@ __all__ = [
     "rope_ext", "ROPE_NORMAL", "ROPE_NEOX", "flash_attn_ext", "im2col", "conv_1d", "conv_2d",
     "pool_2d",
 ]
+
+
+def bind(cls: type) -> None:
+    """Name `cls` (Tensor, once its class exists: it defines its operators with these ops) as
+    the class of the results the checked ops make in one call (helpers.c); operands of any
+    other class, a subclass included, take each op's Python path."""
+    from . import elementwise, linalg, nn, shape
+    for m in (elementwise, linalg, nn, shape):
+        m._TENSOR = cls
+
+
 _ = (abs, cos, elu, exp, gelu, gelu_quick, hardsigmoid, hardswish, log, neg, relu, sgn, sigmoid,
      silu, sin, sqr, sqrt, step, tanh)

@@ -10,9 +10,10 @@ dependencies (for graphs and ``Tensor.src``).
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from .._loader import lib
+from .._loader import HELPERS, lib
 from .._types import TYPES
 from .._tensor_base import MAX_DIMS, TensorBase, float_of, index_of
 from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
@@ -76,13 +77,29 @@ def cpu_mask(rule: str) -> int:
                      if n in allowed or ("quantized" in allowed and t.block_size > 1))
 
 
-#: helpers.c's checked ops (a ggml op built in one call when the operands pass the op's rule,
-#: NULL before ggml is called otherwise; see Context.checked); None for ABI-mode bindings or
-#: with GGML_PY_NO_CHECKED=1 set, and every op then takes its Python path (tests/test_checked.py
-#: runs the same generated calls both ways)
-CHECKED: Any = (lib if hasattr(lib, "ggml_py_binary") and not os.environ.get("GGML_PY_NO_CHECKED")
-                else None)
+#: helpers.c's checked ops: a ggml op built in one call when the operands pass the op's rule,
+#: NULL before ggml is called otherwise (also once the context closed or its chunk is full).
+#: An op calls its helper itself, with its first operand's context's handle
+#: (``Context.checked_state``: the helper builds in that context, under its mutex), only when
+#: every tensor operand is an exact Tensor of that context, and wraps a result as a Tensor of
+#: that same context (``cls(p, ctx, ndim)``, next to the call): the one construction path of a
+#: checked op. On NULL the op's Python path runs and decides (it raises ClosedError, opens a
+#: chunk, or words the refusal). None for ABI-mode bindings or with GGML_PY_NO_CHECKED=1 set,
+#: and every op then takes its Python path (tests/test_checked.py runs the same generated
+#: calls both ways)
+CHECKED: Any = lib if HELPERS and not os.environ.get("GGML_PY_NO_CHECKED") else None
 FLOAT_MASK = type_mask(FLOAT)
+_RULE_LOCK = threading.Lock()
+
+
+def rule(mask: int) -> int:
+    """The id helpers.c knows the type set `mask` by, for the checked ops that take one
+    (registered once, at an ops module's import; -1, which refuses every type, without the
+    helpers or when helpers.c's table of 64 is full)."""
+    if CHECKED is None:
+        return -1
+    with _RULE_LOCK:                 # (cffi lets go of the GIL: one registration at a time)
+        return int(CHECKED.ggml_py_rule(mask))
 
 
 def tensor(x: Any, op: str, what: str = "a") -> Tensor:
@@ -200,4 +217,4 @@ __all__ = ["FLOAT", "FLOAT_TYPES", "CPU_TYPES", "CPU_TYPES_SINCE", "RELEASE", "M
            "cpu_type", "rows", "blas_rows", "blas_rows_ok", "contiguous",
 
            "can_repeat", "prod", "need", "build", "float_of", "index_of", "type_mask",
-           "cpu_mask", "CHECKED", "FLOAT_MASK"]
+           "cpu_mask", "CHECKED", "FLOAT_MASK", "rule"]

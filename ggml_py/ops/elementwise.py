@@ -14,8 +14,9 @@ import numpy as np
 from .._loader import ffi, lib
 from .._tensor_base import TensorBase
 from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
-from ._common import (CHECKED, CPU_TYPES, FLOAT_MASK, FLOAT_TYPES, cpu_mask, MAX_DIMS, build, can_repeat, contiguous, cpu_type, float_of,
-                      floats, need, rows, scalable, tensor)
+from ._common import (CHECKED, CPU_TYPES, FLOAT_MASK, FLOAT_TYPES, cpu_mask, MAX_DIMS, build,
+                      can_repeat, contiguous, cpu_type, float_of, floats, need, rows, rule,
+                      scalable, tensor)
 from .shape import cont, repeat
 
 if TYPE_CHECKING:
@@ -49,19 +50,13 @@ def _broadcast(a: Tensor, b: Tensor, name: str) -> tuple[Tensor, Tensor]:
 
 # ggml's binary builders as C function pointers, for helpers.c's checked binary op
 _FN2 = {n: ffi.addressof(lib, f"ggml_{n}") for n in ("add", "sub", "mul", "div")} if CHECKED else {}
-_BINARY: Any = CHECKED.ggml_py_binary if CHECKED is not None else None
+# helpers.c's checked ops these functions call (module names: tests/test_checked.py counts
+# their calls); None without the helpers
+_C_BINARY: Any = CHECKED.ggml_py_binary if CHECKED is not None else None
+_C_UNARY: Any = CHECKED.ggml_py_unary if CHECKED is not None else None
 if CHECKED is not None:
     CHECKED.ggml_py_binary_types(FLOAT_MASK)      # (the rule's types, given to C once)
-# the class of the tensors the binary ops make at once (Tensor: it defines its operators
-# with binary_op in its class body, so it names itself here once it exists; see bind)
-_TENSOR: Any = None
-
-
-def bind(cls: type) -> None:
-    """Name `cls` (Tensor) as the class whose instances the binary ops build from in one
-    checked call; operands of any other class (a subclass included) take :func:`binary`."""
-    global _TENSOR
-    _TENSOR = cls
+_TENSOR: Any = None      # Tensor, the class of the checked ops' results (named by ops.bind)
 
 
 def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = False) -> Tensor:
@@ -111,9 +106,9 @@ def binary_op(name: str, numpy: bool, doc: str = "",
     """ggml_<name> (add, sub, mul, div) of `a` and `b`, as gg.add... (`numpy` False: ggml's
     repeat rule) or as Tensor's operators (`numpy` True; `scalar(a, b)` takes a `b` that is no
     tensor). Tensors of one context that pass the rule at once are built in one checked call
-    (helpers.c, through Context.checked), in the function itself: these are the calls that
-    build graphs node by node, and a Python frame more costs a tenth of one; everything
-    else goes to :func:`binary`."""
+    (helpers.c) made in the function itself, as every checked op's is (see _common.CHECKED):
+    these are the calls that build graphs node by node, and a Python frame more costs a tenth
+    of one; everything else goes to :func:`binary`."""
     fn = getattr(lib, f"ggml_{name}")
     fast = _FN2.get(name)
     np_flag = 1 if numpy else 0
@@ -123,9 +118,8 @@ def binary_op(name: str, numpy: bool, doc: str = "",
         if type(b) is cls and type(a) is cls and fast is not None:
             ctx = a.ctx
             if b.ctx is ctx:
-                # Context.checked's work without its frame (a fifth of an add's cost): the
-                # helper with the context's handle; NULL when refused, closed or full
-                p = _BINARY(ctx.checked_state, fast, a._p, b._p, np_flag)
+                # the helper with the context's handle: NULL when refused, closed or full
+                p = _C_BINARY(ctx.checked_state, fast, a._p, b._p, np_flag)
                 if p:
                     nd, nd_b = a._ndim, b._ndim       # (ints: every tensor is made with one)
                     return cls(p, ctx, nd if nd >= nd_b else nd_b)
@@ -183,13 +177,15 @@ def _unary(fn_name: str, name: str) -> Callable[[Tensor], Tensor]:
     fn = getattr(lib, fn_name, None)
     # the rule below as helpers.c checks it: the float types the kernels compute
     fast = ffi.addressof(lib, fn_name) if CHECKED is not None and fn is not None else None
-    types = cpu_mask(name) if name in CPU_TYPES else FLOAT_MASK
+    types = rule(cpu_mask(name) if name in CPU_TYPES else FLOAT_MASK)
 
     def op(a: Tensor) -> Tensor:
-        if fast is not None and isinstance(a, TensorBase):
-            t = a.ctx.checked(CHECKED.ggml_py_unary, (fast, a._p, types), a._ndim or a.ndim)
-            if t is not None:
-                return t
+        cls = _TENSOR
+        if a.__class__ is cls and fast is not None:
+            ctx = a.ctx
+            p = _C_UNARY(ctx.checked_state, fast, a._p, types)      # the rule below, in C
+            if p:
+                return cls(p, ctx, a._ndim)
         a = tensor(a, name)
         if fn is None:
             raise UnsupportedError(f"{name} is not in this ggml release")

@@ -6,35 +6,37 @@ has dot products only for float and quantized weights.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._loader import lib
 from ..errors import InvalidArgument, InvalidType, require
-from .._tensor_base import TensorBase
 from .._types import TYPES
 from ._common import (CHECKED, FLOAT, FLOAT_MASK, blas_rows, blas_rows_ok, build, cpu_type, prod,
-                      rows, tensor, type_mask)
+                      rows, rule, tensor, type_mask)
 from .shape import cont, repeat, reshape, transpose
 
 if TYPE_CHECKING:
     from .._tensor import Tensor
 
 # mul_mat's `a`: float or quantized (the CPU has dot products for those only)
-_MM_A = type_mask(n for n, t in TYPES.items() if n in FLOAT or t.block_size > 1)
+_MM_A = rule(type_mask(n for n, t in TYPES.items() if n in FLOAT or t.block_size > 1))
+_MM_B = rule(FLOAT_MASK)
+_C_MUL_MAT: Any = CHECKED.ggml_py_mul_mat if CHECKED is not None else None
+_TENSOR: Any = None      # Tensor, the class of the checked ops' results (named by ops.bind)
 
 
 def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     """ggml_mul_mat: result ne = [a.ne1, b.ne1, b.ne2, b.ne3] (numpy: b @ a.T), f32."""
-    if CHECKED is not None and isinstance(a, TensorBase) and isinstance(b, TensorBase):
+    cls = _TENSOR
+    if a.__class__ is cls and b.__class__ is cls and _C_MUL_MAT is not None:
         ctx = a.ctx
         if b.ctx is ctx:                # the rule below in one C call (helpers.c)
-            nd, nd_b = a._ndim or a.ndim, b._ndim or b.ndim
-            t = ctx.checked(CHECKED.ggml_py_mul_mat, (a._p, b._p, _MM_A, FLOAT_MASK),
-                            nd if nd >= nd_b and nd >= 2 else nd_b if nd_b >= 2 else 2)
-            if t is not None:
-                return t
+            p = _C_MUL_MAT(ctx.checked_state, a._p, b._p, _MM_A, _MM_B)
+            if p:
+                nd, nd_b = a._ndim, b._ndim
+                return cls(p, ctx, nd if nd >= nd_b and nd >= 2 else nd_b if nd_b >= 2 else 2)
     a, b = tensor(a, "mul_mat", "a"), tensor(b, "mul_mat", "b")
     require(a.ne[0] == b.ne[0], f"mul_mat: inner dims differ (a.ne0={a.ne[0]}, b.ne0={b.ne[0]})")
     require(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0,

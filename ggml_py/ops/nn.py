@@ -8,16 +8,19 @@ from typing import TYPE_CHECKING, Any
 
 from .._loader import BUILD, ffi, lib
 from ..errors import InvalidType, require
-from .._tensor_base import TensorBase
 from ._common import (CHECKED, build, contiguous, cpu_mask, cpu_type, float_of, floats, index_of,
-                      rows, tensor)
+                      rows, rule, tensor)
 
 if TYPE_CHECKING:
     from .._tensor import Tensor
 
 # the types each kernel computes, for helpers.c's checked ops
-_NORM, _RMS_NORM, _SOFT_MAX, _ROPE = (cpu_mask(r) for r in ("norm", "rms_norm", "soft_max",
-                                                            "rope_ext"))
+_NORM, _RMS_NORM, _SOFT_MAX, _ROPE = (rule(cpu_mask(r)) for r in ("norm", "rms_norm",
+                                                                  "soft_max", "rope_ext"))
+_C_NORM: Any = CHECKED.ggml_py_norm if CHECKED is not None else None
+_C_SOFT_MAX: Any = CHECKED.ggml_py_soft_max if CHECKED is not None else None
+_C_ROPE: Any = CHECKED.ggml_py_rope if CHECKED is not None else None
+_TENSOR: Any = None      # Tensor, the class of the checked ops' results (named by ops.bind)
 
 
 def _eps(eps: Any, op: str) -> float:
@@ -29,14 +32,15 @@ def _eps(eps: Any, op: str) -> float:
 def soft_max(a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
              max_bias: float = 0.0) -> Tensor:
     """softmax over rows of `a` (the last numpy axis), with an optional additive mask."""
-    if (CHECKED is not None and isinstance(a, TensorBase) and scale.__class__ is float
+    cls = _TENSOR
+    if (a.__class__ is cls and _C_SOFT_MAX is not None and scale.__class__ is float
             and max_bias.__class__ is float):
         ctx = a.ctx
-        if mask is None or (isinstance(mask, TensorBase) and mask.ctx is ctx):     # in C
-            t = ctx.checked(CHECKED.ggml_py_soft_max, (a._p, ffi.NULL if mask is None else mask._p,
-                            scale, max_bias, _SOFT_MAX), a._ndim or a.ndim)
-            if t is not None:
-                return t
+        if mask is None or (mask.__class__ is cls and mask.ctx is ctx):     # the rule, in C
+            p = _C_SOFT_MAX(ctx.checked_state, a._p, ffi.NULL if mask is None else mask._p,
+                            scale, max_bias, _SOFT_MAX)
+            if p:
+                return cls(p, ctx, a._ndim)
     a = tensor(a, "soft_max")
     cpu_type(a, "soft_max")
     scale, max_bias = float_of(scale, "soft_max: scale"), float_of(max_bias, "soft_max: max_bias")
@@ -61,10 +65,12 @@ def soft_max(a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
 
 def norm(a: Tensor, eps: float = 1e-5) -> Tensor:
     """Normalise each row to mean 0, variance 1 (ggml_norm); eps >= 0."""
-    if CHECKED is not None and isinstance(a, TensorBase) and eps.__class__ is float:
-        t = a.ctx.checked(CHECKED.ggml_py_norm, (a._p, eps, _NORM, 0), a._ndim or a.ndim)   # (in C)
-        if t is not None:
-            return t
+    cls = _TENSOR
+    if a.__class__ is cls and _C_NORM is not None and eps.__class__ is float:
+        ctx = a.ctx
+        p = _C_NORM(ctx.checked_state, a._p, eps, _NORM, 0)      # the rule below, in C
+        if p:
+            return cls(p, ctx, a._ndim)
     a = tensor(a, "norm")
     cpu_type(a, "norm")
     eps = _eps(eps, "norm")
@@ -74,10 +80,12 @@ def norm(a: Tensor, eps: float = 1e-5) -> Tensor:
 
 def rms_norm(a: Tensor, eps: float = 1e-6) -> Tensor:
     """Divide each row by its root mean square (ggml_rms_norm); eps >= 0."""
-    if CHECKED is not None and isinstance(a, TensorBase) and eps.__class__ is float:
-        t = a.ctx.checked(CHECKED.ggml_py_norm, (a._p, eps, _RMS_NORM, 1), a._ndim or a.ndim)  # (in C)
-        if t is not None:
-            return t
+    cls = _TENSOR
+    if a.__class__ is cls and _C_NORM is not None and eps.__class__ is float:
+        ctx = a.ctx
+        p = _C_NORM(ctx.checked_state, a._p, eps, _RMS_NORM, 1)  # the rule below, in C
+        if p:
+            return cls(p, ctx, a._ndim)
     a = tensor(a, "rms_norm")
     cpu_type(a, "rms_norm")
     eps = _eps(eps, "rms_norm")
@@ -112,18 +120,23 @@ def rope_ext(a: Tensor, pos: Tensor, n_dims: int | None = None, mode: int = ROPE
     """Rotary position embedding (ggml_rope_ext). `a` is (batch, tokens, heads, head_dim) in
     numpy order; `pos` holds one i32 position per token. The first `n_dims` (default: all) of
     head_dim rotate: adjacent pairs (``gg.ROPE_NORMAL``) or halves (``gg.ROPE_NEOX``)."""
-    if (CHECKED is not None and freq_factors is None and isinstance(a, TensorBase)
-            and isinstance(pos, TensorBase) and pos.ctx is a.ctx
+    cls = _TENSOR
+    if (a.__class__ is cls and pos.__class__ is cls and _C_ROPE is not None
+            and freq_factors is None and pos.ctx is a.ctx
             and (n_dims is None or n_dims.__class__ is int) and mode.__class__ is int
             and n_ctx_orig.__class__ is int and freq_base.__class__ is float
             and freq_scale.__class__ is float and ext_factor.__class__ is float
             and attn_factor.__class__ is float and beta_fast.__class__ is float
             and beta_slow.__class__ is float and (n_dims is None or n_dims > 0)):
-        t = a.ctx.checked(CHECKED.ggml_py_rope, (                       # the rule below, in C
-            a._p, pos._p, -1 if n_dims is None else n_dims, mode, n_ctx_orig, freq_base,
-            freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, _ROPE), a._ndim or a.ndim)
-        if t is not None:
-            return t
+        ctx = a.ctx
+        try:                                                    # the rule below, in C
+            p = _C_ROPE(ctx.checked_state, a._p, pos._p, -1 if n_dims is None else n_dims,
+                        mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+                        beta_fast, beta_slow, _ROPE)
+        except OverflowError:           # an int past C's: the Python path says which
+            p = None
+        if p:
+            return cls(p, ctx, a._ndim)
     a, pos = tensor(a, "rope_ext"), tensor(pos, "rope_ext", "positions")
     cpu_type(a, "rope_ext")
     n_dims = a.ne[0] if n_dims is None else index_of(n_dims, "rope_ext: n_dims")

@@ -7,18 +7,22 @@ import builtins
 from typing import TYPE_CHECKING, Any
 
 from .._loader import lib
-from .._tensor_base import TensorBase, shape_of
+from .._tensor_base import shape_of
 from .._types import GGMLType
 from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
 from ._common import (CHECKED, FLOAT, MAX_DIMS, build, contiguous, cpu_mask, cpu_type, index_of,
-                      need, prod, rows, tensor)
+                      need, prod, rows, rule, tensor)
 
 if TYPE_CHECKING:
     from .._tensor import Tensor
 
 #: (ndim, numpy axes) -> ggml's permutation, for each valid permutation met (axes of ints)
 _PERMS: dict[tuple[int, tuple[int, ...]], tuple[int, ...]] = {}
-_STRIDED = cpu_mask("strided copy")      # the types cont gathers from a view
+_STRIDED = rule(cpu_mask("strided copy"))      # the types cont gathers from a view
+_C_RESHAPE: Any = CHECKED.ggml_py_reshape if CHECKED is not None else None
+_C_PERMUTE: Any = CHECKED.ggml_py_permute if CHECKED is not None else None
+_C_CONT: Any = CHECKED.ggml_py_cont if CHECKED is not None else None
+_TENSOR: Any = None      # Tensor, the class of the checked ops' results (named by ops.bind)
 
 
 def _plain_ne(shape: tuple[Any, ...]) -> tuple[int, int, int, int] | None:
@@ -45,12 +49,17 @@ def _plain_ne(shape: tuple[Any, ...]) -> tuple[int, int, int, int] | None:
 def reshape(a: Tensor, shape: Any) -> Tensor:
     """A view of contiguous `a` with another numpy-order shape (same element count; one axis
     may be -1)."""
-    if CHECKED is not None and shape.__class__ is tuple and isinstance(a, TensorBase):
+    cls = _TENSOR
+    if a.__class__ is cls and shape.__class__ is tuple and _C_RESHAPE is not None:
         plain = _plain_ne(shape)
         if plain is not None:           # the rule below in one C call (helpers.c)
-            t = a.ctx.checked(CHECKED.ggml_py_reshape, (a._p, *plain), len(shape))
-            if t is not None:
-                return t
+            ctx = a.ctx
+            try:
+                p = _C_RESHAPE(ctx.checked_state, a._p, *plain)
+            except OverflowError:       # a size past int64: the Python path says so
+                p = None
+            if p:
+                return cls(p, ctx, len(shape))
     a = tensor(a, "reshape")
     if isinstance(shape, (str, bytes)):
         raise InvalidType(f"reshape: shape must be ints, not {shape!r}")
@@ -105,8 +114,9 @@ def view(a: Tensor, shape: Any, offset: int = 0, strides: Any = None) -> Tensor:
 
 def permute(a: Tensor, axes: Any) -> Tensor:
     """numpy's ``np.transpose(a, axes)`` as a view."""
-    if CHECKED is not None and isinstance(a, TensorBase):
-        nd = a._ndim or a.ndim
+    cls = _TENSOR
+    if a.__class__ is cls and _C_PERMUTE is not None:
+        nd = a._ndim
         if axes.__class__ is tuple:
             for x in axes:
                 if x.__class__ is not int:      # (True == 1: a bool must meet index_of; an
@@ -114,9 +124,10 @@ def permute(a: Tensor, axes: Any) -> Tensor:
             else:
                 known = _PERMS.get((nd, axes))
                 if known is not None:   # a permutation met before, checked in C (helpers.c)
-                    t = a.ctx.checked(CHECKED.ggml_py_permute, (a._p, *known), nd)
-                    if t is not None:
-                        return t
+                    ctx = a.ctx
+                    p = _C_PERMUTE(ctx.checked_state, a._p, *known)
+                    if p:
+                        return cls(p, ctx, nd)
     a = tensor(a, "permute")
     n = a.ndim
     if isinstance(axes, (str, bytes)):
@@ -149,10 +160,12 @@ def transpose(a: Tensor) -> Tensor:
 
 def cont(a: Tensor) -> Tensor:
     """A contiguous copy of `a` (any layout)."""
-    if CHECKED is not None and isinstance(a, TensorBase):      # the rule below in C
-        t = a.ctx.checked(CHECKED.ggml_py_cont, (a._p, _STRIDED), a._ndim or a.ndim)
-        if t is not None:
-            return t
+    cls = _TENSOR
+    if a.__class__ is cls and _C_CONT is not None:         # the rule below in C
+        ctx = a.ctx
+        p = _C_CONT(ctx.checked_state, a._p, _STRIDED)
+        if p:
+            return cls(p, ctx, a._ndim)
     a = tensor(a, "cont")
     if not a.is_contiguous:                      # gathering a view: CUDA's copy kernels
         cpu_type(a, "cont", "strided copy")
