@@ -42,7 +42,7 @@ def bind(cls: type) -> None:
     other class, a subclass included, take each op's Python path."""
     from . import elementwise, linalg, nn, shape
     for m in (elementwise, linalg, nn, shape):
-        m._TENSOR = cls
+        setattr(m, "_TENSOR", cls)
 
 
 _ = (abs, cos, elu, exp, gelu, gelu_quick, hardsigmoid, hardswish, log, neg, relu, sgn, sigmoid,
