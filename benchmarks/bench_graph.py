@@ -1,8 +1,8 @@
 """Graph building and compute through ggml_py against baselines measured in the same run.
 
   1. building a chain of 10,000 adds (the Pythonic API, t = t + y, vs the raw cffi binding,
-     lib.ggml_add in a loop, per node; also at 1,000 and 100,000 nodes) and a transformer-like
-     graph of 32 layers (ggml_py's ggml-level ops vs the same calls through raw cffi), each
+     lib.ggml_add in a loop, per node; also at 1,000, 100,000 and 1,000,000 nodes) and a
+     transformer-like graph of 32 layers (ggml_py's ggml-level ops vs the same calls through raw cffi), each
      also through the ctypes peer when it is installed;
   2. computing a 1024x1024x1024 f32 matmul and a 10,000-node elementwise chain through
      ggml_py vs benchmarks/native_graph.c running the same graph on the same libraries.
@@ -394,9 +394,10 @@ def main():
     else:
         print(f"  ctypes peer (ggml-python 0.0.45, child process): {peer / nodes * 1e6:.2f} "
               f"us/node; ggml_py is {py / peer:.2f}x the peer")
-    for big in (1000, 100_000):       # per-node cost against the size of the graph
-        per = min(build_pythonic(big) for _ in range(3)) / big
-        raw_per = min(build_raw(big) for _ in range(3)) / big
+    for big in (1000, 100_000, 1_000_000):   # per-node cost against the size of the graph
+        reps = 3 if big <= 100_000 else 2        # (a million records: 370 MB a build)
+        per = min(build_pythonic(big) for _ in range(reps)) / big
+        raw_per = min(build_raw(big) for _ in range(reps)) / big
         print(f"  build {big} adds: ggml_py {per * 1e6:.2f} us/node, raw cffi "
               f"{raw_per * 1e6:.2f} us/node ({per / raw_per:.2f}x)")
 

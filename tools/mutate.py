@@ -163,6 +163,30 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
     # the Python half of the checked ops: what reaches helpers.c must be what the rules take
     # (the C half's conditions are compiled into the build; deleting one of them is shown in
     # the note on issue 14 and caught by the same test)
+    "checked binary op: operands of one context": (
+        "ggml_py/ops/elementwise.py", "            if b.ctx is ctx:\n                # the helper",
+        "            if True:\n                # the helper",
+        ["tests/test_lifetime.py", "-k", "keeps_alive"]),
+    "checked mul_mat: operands of one context": (
+        "ggml_py/ops/linalg.py", "        if b.ctx is ctx:                # the rule below in one C",
+        "        if True:                # the rule below in one C",
+        ["tests/test_lifetime.py", "-k", "keeps_alive"]),
+    "checked soft_max: mask of the same context": (
+        "ggml_py/ops/nn.py", "(mask.__class__ is cls and mask.ctx is ctx)",
+        "(mask.__class__ is cls)", ["tests/test_lifetime.py", "-k", "keeps_alive"]),
+    "checked rope_ext: positions of the same context": (
+        "ggml_py/ops/nn.py", "and freq_factors is None and pos.ctx is a.ctx",
+        "and freq_factors is None", ["tests/test_lifetime.py", "-k", "keeps_alive"]),
+    # lifetimes of the metadata chunks (ggml_py/_metadata.py)
+    "a reused chunk is reset first": (
+        "ggml_py/_metadata.py", "                _RESET(raw)\n", "",
+        ["tests/test_metadata.py"]),
+    "a closed graph refuses to read its nodes": (
+        "ggml_py/_graph.py", "        self._meta.ptr       # (ClosedError once closed", "        # (",
+        ["tests/test_metadata.py", "-k", "closed_graph"]),
+    "a closed graph's memory goes back when collected": (
+        "ggml_py/_graph.py", "            if self._raw is not None and self._finalizer.detach() is not None:",
+        "            if False:", ["tests/test_metadata.py", "-k", "closed_graph"]),
     "checked permute takes int axes only": (
         "ggml_py/ops/shape.py", "                if x.__class__ is not int:      # (True == 1",
         "                if False:      # (True == 1", ["tests/test_checked.py", "-k", "python_rules"]),
@@ -170,7 +194,7 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "ggml_py/ops/shape.py", "        return (s0, 1, 1, 1) if s0.__class__ is int else None",
         "        return (s0, 1, 1, 1)", ["tests/test_checked.py", "-k", "python_rules"]),
     "checked norm takes float eps only": (
-        "ggml_py/ops/nn.py", "eps.__class__ is float:\n        ctx = a.ctx\n        p = _C_NORM(ctx.checked_state, a._p, eps, _RMS_NORM",
+        "ggml_py/ops/nn.py", " and eps.__class__ is float:\n        ctx = a.ctx\n        p = _C_NORM(ctx.checked_state, a._p, eps, _RMS_NORM",
         ":\n        ctx = a.ctx\n        p = _C_NORM(ctx.checked_state, a._p, eps, _RMS_NORM",
         ["tests/test_checked.py", "-k", "python_rules"]),
 }
