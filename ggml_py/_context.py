@@ -247,7 +247,7 @@ class Context(Owned):
             return p
 
     def wrap(self, p: Any, ndim: int | None = None) -> Tensor:
-        """A raw tensor of this context as a Tensor."""
+        """A raw tensor of this context as a Tensor (InvalidArgument for NULL)."""
         return Tensor(p, self, ndim)
 
     def wrap_raw(self, p: Any) -> Tensor:
@@ -459,8 +459,8 @@ class Context(Owned):
             # tensors keeps it, so a thread that checked "open" just before this close, or
             # ggml walking a closed operand's record, reads a record instead of freed memory
             # (data is what close() frees: the buffers; the records then raise ClosedError)
-            self._finalizer.detach()
-            weakref.finalize(self, _metadata.release_all, self._chunks)
+            if self._finalizer.detach() is not None:    # (once: a close retried after a
+                weakref.finalize(self, _metadata.release_all, self._chunks)   # child raised)
             super().close()        # closes the chunks and buffers (children) first
             self._buffers = []
             self._pending = []

@@ -66,9 +66,10 @@ HELPERS = (getattr(lib, "ggml_py_helpers", None) is not None
 if not HELPERS and hasattr(lib, "ggml_py_binary"):
     import warnings
     from .errors import GGMLWarning
-    warnings.warn(f"ggml_py: the build {BUILD_DIR.name} was made by an older ggml_py; its fast "
-                  f"paths are off until it is rebuilt (python build_ggml.py --ggml "
-                  f"{BUILD.get('release', '<release>')})", GGMLWarning, stacklevel=2)
+    warnings.warn(f"ggml_py: the build {BUILD_DIR.name} was made by another version of ggml_py "
+                  f"(its C helpers differ); its fast paths are off until it is rebuilt (python "
+                  f"build_ggml.py --ggml {BUILD.get('release', '<release>')})", GGMLWarning,
+                  stacklevel=1)
 
 if BUILD.get("backend_dl"):
     # GGML_BACKEND_DL=ON: the backends are modules ggml loads at run time. ggml would look in

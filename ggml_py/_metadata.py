@@ -42,7 +42,10 @@ def new(mem_size: int) -> Any:
         chunks = _pool.get(size)
         if chunks:
             _held -= size
-            return chunks.pop()
+            raw = chunks.pop()
+            if not chunks:
+                del _pool[size]        # (graphs' sizes vary: no empty list kept per size)
+            return raw
     params = ffi.new("struct ggml_init_params *",
                      {"mem_size": size, "mem_buffer": ffi.NULL, "no_alloc": True})
     return lib.ggml_init(params[0])
@@ -56,6 +59,8 @@ def release(raw: Any) -> None:
     size = int(lib.ggml_get_mem_size(raw))
     if _RESET is not None and _lock.acquire(blocking=False):
         try:
+            if raw in _pool.get(size, ()):   # given back twice (never expected): kept once,
+                return                         # so no two contexts get the same chunk
             if _held + size <= _limit:
                 _RESET(raw)
                 _pool.setdefault(size, []).append(raw)
@@ -91,6 +96,8 @@ def pool_limit(n_bytes: int | None = None) -> int:
                 while chunks and _held > _limit:
                     free.append(chunks.pop())
                     _held -= size
+                if not chunks:
+                    del _pool[size]
         for raw in free:
             lib.ggml_free(raw)
     return old

@@ -108,7 +108,11 @@ class TensorBase:
         self._p = p
         self.ctx = ctx
         # an int from the start (the binary ops compare operands' without a call)
-        self._ndim = ndim if ndim else int(lib.ggml_n_dims(p))
+        if not ndim:
+            if not p:
+                raise InvalidArgument("a Tensor needs a ggml_tensor, not NULL")
+            ndim = int(lib.ggml_n_dims(p))
+        self._ndim = ndim
         self._type = type
         self._ne = ne
         self._nb = nb

@@ -18,6 +18,14 @@ def test_quantized_roundtrip(cpu):
         assert t is gg.q4_0 and raw.nbytes == 4 * gg.q4_0.row_size(64)
 
 
+def test_a_null_tensor_is_refused():
+    with gg.Context() as ctx:
+        with pytest.raises(gg.InvalidArgument, match="NULL"):
+            ctx.wrap(gg.ffi.NULL)
+        with pytest.raises(gg.InvalidArgument, match="NULL"):
+            ctx.wrap_raw(gg.ffi.NULL)
+
+
 def test_context_grows_past_its_capacity(cpu):
     with cpu.backend() as be, gg.Context(capacity=16) as ctx:
         a = ctx.from_numpy(np.ones(8, np.float32))
