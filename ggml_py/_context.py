@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from . import _metadata, _types as T
+from . import _handle, _metadata, _types as T
 from ._backend import Backend
 from ._buffer import Buffer
 from ._device import BufferType
@@ -460,7 +460,7 @@ class Context(Owned):
             # ggml walking a closed operand's record, reads a record instead of freed memory
             # (data is what close() frees: the buffers; the records then raise ClosedError)
             if self._finalizer.detach() is not None:    # (once: a close retried after a
-                weakref.finalize(self, _metadata.release_all, self._chunks)   # child raised)
+                _handle.finalize(self, _metadata.release_all, self._chunks)   # child raised)
             super().close()        # closes the chunks and buffers (children) first
             self._buffers = []
             self._pending = []

@@ -9,9 +9,16 @@ at once. Each owned object carries a re-entrant lock (``_lock``); the calls ggml
 make thread-safe (building tensors in a context, computing or queueing on a backend, freeing)
 hold it, and close() takes it, so closing an object another thread is using waits for that
 use to end instead of freeing memory under it.
+
+Freeing waits for a running collection to end: the cyclic collector calls weakref callbacks
+(the finalizers) before the ``__del__`` methods of the same garbage, so a ``__del__`` that read a
+tensor of its cycle read memory freed an instant earlier (a segfault with the metadata pool
+off). Every finalizer of the package is made by :func:`finalize`, which frees at once outside a
+collection and at its end inside one.
 """
 from __future__ import annotations
 
+import gc
 import threading
 import warnings
 import weakref
@@ -36,6 +43,41 @@ def changed() -> None:
     EPOCH += 1
 
 _O = TypeVar("_O", bound="Owned")
+
+_collecting = False                    # the cyclic collector is running (in some thread)
+_later: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []   # frees held until it ends
+
+
+def _gc_phase(phase: str, info: dict[str, int]) -> None:
+    global _collecting
+    if phase == "start":
+        _collecting = True
+        return
+    _collecting = False
+    while _later:                      # (pop: atomic, so a free queued meanwhile is not lost;
+        fn, args = _later.pop()        # one queued after this loop runs at the next collection)
+        try:
+            fn(*args)
+        except Exception as e:         # never raise from the collector
+            warnings.warn(f"freeing after a collection failed: {e!r}", GGMLWarning, stacklevel=1)
+
+
+gc.callbacks.append(_gc_phase)
+
+
+def _free(fn: Callable[..., Any], *args: Any) -> None:
+    if _collecting:
+        _later.append((fn, args))
+    else:
+        fn(*args)
+
+
+def finalize(obj: Any, fn: Callable[..., Any], *args: Any) -> "weakref.finalize[Any, Any]":
+    """``weakref.finalize(obj, fn, *args)``, except that when `obj` is collected by the cyclic
+    collector, `fn` runs when the collection ends: after the ``__del__`` methods of the same
+    garbage, which may still read what `fn` frees. Calling the finalizer (close()) frees at
+    once, or at the end of the collection when close() runs inside one."""
+    return weakref.finalize(obj, _free, fn, *args)
 
 
 def _release(free: Callable[[Any], Any], raw: Any, what: str,
@@ -62,7 +104,7 @@ class Owned:
         self._lock = threading.RLock()
         # `guard` (optional) says whether freeing is still safe: ggml's RPC client aborts the
         # process when it frees remote memory of a server that has died.
-        self._finalizer = weakref.finalize(self, _release, free, raw, self._kind, guard)
+        self._finalizer = finalize(self, _release, free, raw, self._kind, guard)
         LIVE.add(self)
         for p in self._parents:
             p._children.add(self)
@@ -127,8 +169,8 @@ def hand_over(owned: Owned, tokens: Iterable[Any]) -> None:
     info = owned._finalizer.detach()
     if info is None:
         return
-    _, free, args, kwargs = info
-    keeper = _Keeper()
+    _, free, args, kwargs = info        # (free is _free: the keeper's free waits for a
+    keeper = _Keeper()                  # collection to end too)
     weakref.finalize(keeper, free, *args, **kwargs)
     for token in tokens:
         token.memory.append(keeper)

@@ -18,13 +18,12 @@ import subprocess
 import sys
 import time
 import warnings
-import weakref
 from typing import Any
 from pathlib import Path
 
 from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib, old_rpc_api
 from .errors import GGMLError, InvalidType, RPCError, RPCVersionError, UnsupportedError, require
-from . import _liveness
+from . import _handle, _liveness
 from ._context import Context
 from ._device import Device, Registry, device as _lookup
 
@@ -170,7 +169,7 @@ class Server:
     def __init__(self, proc: "subprocess.Popen[bytes]", endpoint: str) -> None:
         self.proc = proc
         self.endpoint = endpoint
-        self._finalizer = weakref.finalize(self, _stop, proc)
+        self._finalizer = _handle.finalize(self, _stop, proc)
 
     @property
     def alive(self) -> bool:

@@ -495,3 +495,91 @@ def test_a_result_keeps_alive_every_context_it_reads(op, end):
     r = subprocess.run([sys.executable, "-c", KEEPS, op, end],
                        capture_output=True, text=True, timeout=120, env=child_env())
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+CYCLE = r"""
+import gc, sys
+import numpy as np
+import ggml_py as gg
+gg.Context.pool_limit(0)          # a chunk given back is freed at once, never kept
+kind = sys.argv[1]
+seen = []
+
+
+class Reader:
+    '''In a cycle of its own; its __del__ reads through the objects its `read` holds.'''
+    def __init__(self, read):
+        self.read, self.me = read, self
+
+    def __del__(self):
+        seen.append(self.read())
+
+
+def build():
+    x = np.arange(16, dtype=np.float32)
+    be = gg.device("CPU").backend()
+    ctx = gg.Context()
+    a = ctx.from_numpy(x)
+    out = a * a + a
+    ctx.alloc(be)
+    a.set(x)
+    g = gg.Graph(out)
+    be.compute(g)
+    free = gg.Context()               # tensors the scheduler places
+    b = free.from_numpy(x)
+    b.set_input()
+    sched_out = b * b + b
+    sched = gg.Scheduler([be])
+    gs = gg.Graph(sched_out)
+    sched.alloc(gs)
+    b.set(x)
+    sched.compute(gs)
+    want = (x * x + x).tolist()
+    reads = {
+        "context": (lambda: (out.op, [s.op for s in out.src], out.shape),
+                    ("ADD", ["MUL", "NONE"], (16,))),
+        "buffer": (lambda: out.numpy(copy=True).tolist(), want),
+        "graph": (lambda: (g.n_nodes, [n.op for n in g.nodes]), (2, ["MUL", "ADD"])),
+        "backend": (lambda: (be.compute(g), out.numpy(copy=True).tolist())[1], want),
+        "scheduler": (lambda: (sched.compute(gs), sched_out.numpy(copy=True).tolist())[1],
+                      want),
+    }
+    read, expect = reads[kind]
+    Reader(read)            # garbage at once: only its own cycle holds it, and it the rest
+    return expect
+
+
+gc.disable()
+expect = build()
+gc.collect()
+assert seen == [expect], (seen, expect)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("kind", ["context", "buffer", "graph", "backend", "scheduler"])
+def test_a_del_in_a_cycle_reads_what_the_cycle_holds(kind):
+    # the cyclic collector calls the finalizers of its garbage (weakref callbacks) before the
+    # __del__ methods of the same garbage: each owned object's memory is freed only when the
+    # collection ends (_handle.finalize), so such a __del__ reads records, data, a graph, or
+    # computes on a backend or scheduler, that are all still there. With the metadata pool
+    # off a freed chunk goes back to the C allocator at once; a child process, since such a
+    # read faulted
+    import subprocess
+    import sys
+    from conftest import child_env
+    r = subprocess.run([sys.executable, "-c", CYCLE, kind],
+                       capture_output=True, text=True, timeout=120, env=child_env())
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-3000:])
+
+
+def test_every_finalizer_of_the_package_waits_for_a_collection_to_end():
+    # the rule above holds for every owned kind (opt, gguf, events, RPC servers...) because
+    # they all free through one function: no other weakref.finalize in the package
+    from pathlib import Path
+    root = Path(gg.__file__).parent
+    found = [f"{p.relative_to(root)}:{i}" for p in sorted(root.rglob("*.py"))
+             if p.name != "_handle.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if "weakref.finalize(" in line]
+    assert found == []
