@@ -14,10 +14,11 @@ Freeing waits for a running collection to end: the cyclic collector calls weakre
 (the finalizers) before the ``__del__`` methods of the same garbage, so a ``__del__`` that read a
 tensor of its cycle read memory freed an instant earlier (a segfault with the metadata pool
 off). Every finalizer of the package is made by :func:`finalize`, which frees at once outside a
-collection and at its end inside one.
+collection and at its end inside one, and not at interpreter exit.
 """
 from __future__ import annotations
 
+import collections
 import gc
 import threading
 import warnings
@@ -45,39 +46,73 @@ def changed() -> None:
 _O = TypeVar("_O", bound="Owned")
 
 _collecting = False                    # the cyclic collector is running (in some thread)
-_later: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []   # frees held until it ends
+# frees asked for during a collection, run when it ends in the order asked (children closed
+# before parents), the processes to stop after them
+_later: "collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]]" = collections.deque()
+_later_stops: "collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]]" = collections.deque()
+
+
+def _drain() -> None:
+    for queue in (_later, _later_stops):
+        while True:
+            try:
+                fn, args = queue.popleft()     # (atomic: two threads draining run each once)
+            except IndexError:
+                break
+            try:
+                fn(*args)
+            except Exception as e:             # never raise from the collector
+                try:
+                    warnings.warn(f"freeing after a collection failed: {e!r}", GGMLWarning,
+                                  stacklevel=1)
+                except Exception:              # (warnings turned into errors)
+                    pass
 
 
 def _gc_phase(phase: str, info: dict[str, int]) -> None:
     global _collecting
-    if phase == "start":
-        _collecting = True
-        return
-    _collecting = False
-    while _later:                      # (pop: atomic, so a free queued meanwhile is not lost;
-        fn, args = _later.pop()        # one queued after this loop runs at the next collection)
-        try:
-            fn(*args)
-        except Exception as e:         # never raise from the collector
-            warnings.warn(f"freeing after a collection failed: {e!r}", GGMLWarning, stacklevel=1)
+    _collecting = phase == "start"
+    if not _collecting:
+        _drain()
 
 
 gc.callbacks.append(_gc_phase)
 
 
-def _free(fn: Callable[..., Any], *args: Any) -> None:
+def _free(queue: "collections.deque[Any]", fn: Callable[..., Any], *args: Any) -> None:
     if _collecting:
-        _later.append((fn, args))
+        queue.append((fn, args))
+        if _collecting:
+            return
+        _drain()            # the collection ended (and drained) as this was queued
     else:
         fn(*args)
 
 
-def finalize(obj: Any, fn: Callable[..., Any], *args: Any) -> "weakref.finalize[Any, Any]":
-    """``weakref.finalize(obj, fn, *args)``, except that when `obj` is collected by the cyclic
-    collector, `fn` runs when the collection ends: after the ``__del__`` methods of the same
-    garbage, which may still read what `fn` frees. Calling the finalizer (close()) frees at
-    once, or at the end of the collection when close() runs inside one."""
-    return weakref.finalize(obj, _free, fn, *args)
+def finalize(obj: Any, fn: Callable[..., Any], *args: Any,
+             stops_a_process: bool = False) -> "weakref.finalize[Any, Any]":
+    """``weakref.finalize(obj, fn, *args)``, except:
+
+    - when `obj` is collected by the cyclic collector, `fn` runs when the collection ends,
+      after the ``__del__`` methods of the same garbage, which may still read what it frees;
+    - at interpreter exit it does not run (the process's memory goes with it; freeing
+      everything there freed what the last ``__del__`` methods read), unless
+      `stops_a_process` (a child process to stop: those run at exit, and after the other
+      frees of a collection, which may still talk to it).
+
+    Call :func:`free_now` for an explicit close."""
+    f = weakref.finalize(obj, _free, _later_stops if stops_a_process else _later, fn, *args)
+    f.atexit = stops_a_process
+    return f
+
+
+def free_now(finalizer: "weakref.finalize[Any, Any]") -> None:
+    """Run a finalizer made by :func:`finalize` now, even during a collection (an explicit
+    close: the object says it is closed from here on, so nothing reads what it frees). Once."""
+    info = finalizer.detach()
+    if info is not None:
+        _, fn, *args = info[2]
+        fn(*args)
 
 
 def _release(free: Callable[[Any], Any], raw: Any, what: str,
@@ -133,7 +168,7 @@ class Owned:
                 child.close()
             changed()
             self._raw = None
-            self._finalizer()
+            free_now(self._finalizer)
 
     def _devices(self) -> set[Any]:
         """Raw device handles this object depends on (for closing it with its RPC server)."""
@@ -169,9 +204,9 @@ def hand_over(owned: Owned, tokens: Iterable[Any]) -> None:
     info = owned._finalizer.detach()
     if info is None:
         return
-    _, free, args, kwargs = info        # (free is _free: the keeper's free waits for a
-    keeper = _Keeper()                  # collection to end too)
-    weakref.finalize(keeper, free, *args, **kwargs)
+    _, fn, *args = info[2]
+    keeper = _Keeper()
+    finalize(keeper, fn, *args)
     for token in tokens:
         token.memory.append(keeper)
 

@@ -169,7 +169,7 @@ class Server:
     def __init__(self, proc: "subprocess.Popen[bytes]", endpoint: str) -> None:
         self.proc = proc
         self.endpoint = endpoint
-        self._finalizer = _handle.finalize(self, _stop, proc)
+        self._finalizer = _handle.finalize(self, _stop, proc, stops_a_process=True)
 
     @property
     def alive(self) -> bool:
@@ -179,7 +179,7 @@ class Server:
         """Close this process's objects on the server's devices, then stop the server."""
         if self.alive:
             close_dependents(self.endpoint)
-        self._finalizer()
+        _handle.free_now(self._finalizer)
 
     def kill(self) -> None:
         """Stop the server abruptly (SIGKILL), as a crash would."""
