@@ -460,7 +460,8 @@ class Context(Owned):
             # ggml walking a closed operand's record, reads a record instead of freed memory
             # (data is what close() frees: the buffers; the records then raise ClosedError)
             if self._finalizer.detach() is not None:    # (once: a close retried after a
-                _handle.finalize(self, _metadata.release_all, self._chunks)   # child raised)
+                self._records_finalizer = _handle.finalize(   # child raised)
+                    self, _metadata.release_all, self._chunks)
             super().close()        # closes the chunks and buffers (children) first
             self._buffers = []
             self._pending = []

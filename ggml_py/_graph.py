@@ -54,7 +54,7 @@ class _GraphMemory(Owned):
     def close(self) -> None:
         with self._lock:
             if self._raw is not None and self._finalizer.detach() is not None:
-                _handle.finalize(self, _metadata.release, self._raw)
+                self._memory_finalizer = _handle.finalize(self, _metadata.release, self._raw)
             super().close()
 
 

@@ -48,19 +48,40 @@ _O = TypeVar("_O", bound="Owned")
 _collecting = False                    # the cyclic collector is running (in some thread)
 # frees asked for during a collection, run when it ends in the order asked (children closed
 # before parents), the processes to stop after them
-_later: "collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]]" = collections.deque()
-_later_stops: "collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]]" = collections.deque()
+_later: "collections.deque[tuple[_Token, Callable[..., Any], tuple[Any, ...]]]" = \
+    collections.deque()
+_later_stops: "collections.deque[tuple[_Token, Callable[..., Any], tuple[Any, ...]]]" = \
+    collections.deque()
+
+
+class _Finalizer(weakref.finalize):  # type: ignore[type-arg]
+    __slots__ = ("__weakref__",)     # (a _Token refers to it weakly)
+
+
+class _Token:
+    """What a queued free knows of its finalizer: held by the object it watches, so alive at
+    the end of a collection only when a ``__del__`` brought that object back to life."""
+
+    __slots__ = ("finalizer",)
+
+    def __init__(self) -> None:
+        self.finalizer: "weakref.ref[_Finalizer] | None" = None
 
 
 def _drain() -> None:
     for queue in (_later, _later_stops):
         while True:
             try:
-                fn, args = queue.popleft()     # (atomic: two threads draining run each once)
+                token, fn, args = queue.popleft()   # (atomic: two threads draining run each once)
             except IndexError:
                 break
             try:
-                fn(*args)
+                f = token.finalizer() if token.finalizer is not None else None
+                if f is not None:
+                    # its object was resurrected (a __del__ stored it): free when it dies
+                    _watch(f, queue, fn, args, f.atexit)
+                else:
+                    fn(*args)
             except Exception as e:             # never raise from the collector
                 try:
                     warnings.warn(f"freeing after a collection failed: {e!r}", GGMLWarning,
@@ -79,9 +100,9 @@ def _gc_phase(phase: str, info: dict[str, int]) -> None:
 gc.callbacks.append(_gc_phase)
 
 
-def _free(queue: "collections.deque[Any]", fn: Callable[..., Any], *args: Any) -> None:
+def _free(queue: Any, token: _Token, fn: Callable[..., Any], *args: Any) -> None:
     if _collecting:
-        queue.append((fn, args))
+        queue.append((token, fn, args))
         if _collecting:
             return
         _drain()            # the collection ended (and drained) as this was queued
@@ -89,21 +110,30 @@ def _free(queue: "collections.deque[Any]", fn: Callable[..., Any], *args: Any) -
         fn(*args)
 
 
+def _watch(obj: Any, queue: Any, fn: Callable[..., Any], args: tuple[Any, ...],
+           at_exit: bool) -> _Finalizer:
+    token = _Token()
+    f = _Finalizer(obj, _free, queue, token, fn, *args)
+    token.finalizer = weakref.ref(f)
+    f.atexit = at_exit
+    return f
+
+
 def finalize(obj: Any, fn: Callable[..., Any], *args: Any,
              stops_a_process: bool = False) -> "weakref.finalize[Any, Any]":
     """``weakref.finalize(obj, fn, *args)``, except:
 
     - when `obj` is collected by the cyclic collector, `fn` runs when the collection ends,
-      after the ``__del__`` methods of the same garbage, which may still read what it frees;
+      after the ``__del__`` methods of the same garbage, which may still read what it frees,
+      and not at all while a ``__del__`` has brought `obj` back to life (then when it dies);
+      for that, `obj` must keep the returned finalizer (as ``_finalizer`` or the like);
     - at interpreter exit it does not run (the process's memory goes with it; freeing
       everything there freed what the last ``__del__`` methods read), unless
       `stops_a_process` (a child process to stop: those run at exit, and after the other
       frees of a collection, which may still talk to it).
 
     Call :func:`free_now` for an explicit close."""
-    f = weakref.finalize(obj, _free, _later_stops if stops_a_process else _later, fn, *args)
-    f.atexit = stops_a_process
-    return f
+    return _watch(obj, _later_stops if stops_a_process else _later, fn, args, stops_a_process)
 
 
 def free_now(finalizer: "weakref.finalize[Any, Any]") -> None:
@@ -111,7 +141,7 @@ def free_now(finalizer: "weakref.finalize[Any, Any]") -> None:
     close: the object says it is closed from here on, so nothing reads what it frees). Once."""
     info = finalizer.detach()
     if info is not None:
-        _, fn, *args = info[2]
+        _, _, fn, *args = info[2]
         fn(*args)
 
 
@@ -195,7 +225,9 @@ class _Keeper:
     """Holds the freeing of a closed object's handle until the last export referencing it
     (a numpy view, a DLPack capsule) is collected."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "finalizer")
+
+    finalizer: "weakref.finalize[Any, Any]"
 
 
 def hand_over(owned: Owned, tokens: Iterable[Any]) -> None:
@@ -204,9 +236,9 @@ def hand_over(owned: Owned, tokens: Iterable[Any]) -> None:
     info = owned._finalizer.detach()
     if info is None:
         return
-    _, fn, *args = info[2]
+    _, _, fn, *args = info[2]
     keeper = _Keeper()
-    finalize(keeper, fn, *args)
+    keeper.finalizer = finalize(keeper, fn, *args)
     for token in tokens:
         token.memory.append(keeper)
 

@@ -498,21 +498,37 @@ def test_a_result_keeps_alive_every_context_it_reads(op, end):
 
 
 CYCLE = r"""
-import gc, sys
+import gc, sys, weakref
 import numpy as np
 import ggml_py as gg
 gg.Context.pool_limit(0)          # a chunk given back is freed at once, never kept
-kind = sys.argv[1]
-seen = []
+kind, mode = sys.argv[1], sys.argv[2]
+seen, kept, freed = [], [], []
+
+
+def counted(fn):
+    def free(*args):
+        freed.append(fn.__name__)
+        return fn(*args)
+    return free
+
+
+from ggml_py import _handle, _metadata   # every free of the objects below is counted
+_handle._release = counted(_handle._release)
+_metadata.release = counted(_metadata.release)
+_metadata.release_all = counted(_metadata.release_all)
 
 
 class Reader:
-    '''In a cycle of its own; its __del__ reads through the objects its `read` holds.'''
+    # in a cycle of its own; its __del__ reads through the objects its `read` holds, and
+    # with mode "resurrect" keeps them (stores `read` in a global: back to life)
     def __init__(self, read):
         self.read, self.me = read, self
 
     def __del__(self):
         seen.append(self.read())
+        if mode == "resurrect":
+            kept.append(self.read)
 
 
 def build():
@@ -550,25 +566,37 @@ def build():
 
 
 gc.disable()
+pending = len(weakref.finalize._registry)
 expect = build()
 gc.collect()
 assert seen == [expect], (seen, expect)
+if mode == "resurrect":
+    for _ in range(3):                 # kept alive by the global: nothing was freed under it
+        gc.collect()
+        assert kept[0]() == expect
+    n = len(freed)
+    kept.clear()                       # now it dies for good: what it held is freed
+    gc.collect()
+    assert len(freed) > n, freed
+    assert len(weakref.finalize._registry) == pending, (len(weakref.finalize._registry), pending)
 print("ok")
 """
 
 
+@pytest.mark.parametrize("mode", ["cycle", "resurrect"])
 @pytest.mark.parametrize("kind", ["context", "buffer", "graph", "backend", "scheduler"])
-def test_a_del_in_a_cycle_reads_what_the_cycle_holds(kind):
+def test_a_del_in_a_cycle_reads_what_the_cycle_holds(kind, mode):
     # the cyclic collector calls the finalizers of its garbage (weakref callbacks) before the
     # __del__ methods of the same garbage: each owned object's memory is freed only when the
     # collection ends (_handle.finalize), so such a __del__ reads records, data, a graph, or
-    # computes on a backend or scheduler, that are all still there. With the metadata pool
-    # off a freed chunk goes back to the C allocator at once; a child process, since such a
-    # read faulted
+    # computes on a backend or scheduler, that are all still there; and a __del__ that keeps
+    # them (resurrects them) keeps them usable until they die for good. With the metadata
+    # pool off a freed chunk goes back to the C allocator at once; a child process, since
+    # such a read faulted
     import subprocess
     import sys
     from conftest import child_env
-    r = subprocess.run([sys.executable, "-c", CYCLE, kind],
+    r = subprocess.run([sys.executable, "-c", CYCLE, kind, mode],
                        capture_output=True, text=True, timeout=120, env=child_env())
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-3000:])
 

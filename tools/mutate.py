@@ -182,8 +182,14 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "ggml_py/_context.py", "            if self._finalizer.detach() is not None:    # (once",
         "            if True:    # (once", ["tests/test_metadata.py", "-k", "retried"]),
     "a free inside a collection waits for its end": (
-        "ggml_py/_handle.py", "    if _collecting:\n        _later.append", "    if False:\n        _later.append",
+        "ggml_py/_handle.py", "    if _collecting:\n        queue.append", "    if False:\n        queue.append",
         ["tests/test_lifetime.py", "-k", "a_del_in_a_cycle"]),
+    "a resurrected object is not freed under it": (
+        "ggml_py/_handle.py", "                f = token.finalizer() if token.finalizer is not None else None",
+        "                f = None", ["tests/test_lifetime.py", "-k", "resurrect"]),
+    "a resurrected object is freed when it dies": (
+        "ggml_py/_handle.py", "                    _watch(f, queue, fn, args, f.atexit)",
+        "                    pass", ["tests/test_lifetime.py", "-k", "resurrect"]),
     "a reused chunk is reset first": (
         "ggml_py/_metadata.py", "                _RESET(raw)\n", "",
         ["tests/test_metadata.py"]),
