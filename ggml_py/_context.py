@@ -459,7 +459,7 @@ class Context(Owned):
             # tensors keeps it, so a thread that checked "open" just before this close, or
             # ggml walking a closed operand's record, reads a record instead of freed memory
             # (data is what close() frees: the buffers; the records then raise ClosedError)
-            if self._finalizer.detach() is not None:    # (once: a close retried after a
+            if _handle.detach(self._finalizer) is not None:   # (once: a close retried after a
                 self._records_finalizer = _handle.finalize(   # child raised)
                     self, _metadata.release_all, self._chunks)
             super().close()        # closes the chunks and buffers (children) first

@@ -53,7 +53,7 @@ class _GraphMemory(Owned):
 
     def close(self) -> None:
         with self._lock:
-            if self._raw is not None and self._finalizer.detach() is not None:
+            if self._raw is not None and _handle.detach(self._finalizer) is not None:
                 self._memory_finalizer = _handle.finalize(self, _metadata.release, self._raw)
             super().close()
 

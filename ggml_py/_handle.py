@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import os
 import threading
 import warnings
 import weakref
@@ -55,17 +56,23 @@ _later_stops: "collections.deque[tuple[_Token, Callable[..., Any], tuple[Any, ..
 
 
 class _Finalizer(weakref.finalize):  # type: ignore[type-arg]
-    __slots__ = ("__weakref__",)     # (a _Token refers to it weakly)
+    # (a _Token refers to it weakly; `rearmed`: the finalizer that took its free over when a
+    # __del__ brought its object back to life, kept alive through this one, which the
+    # object holds)
+    __slots__ = ("__weakref__", "rearmed")
+
+    rearmed: "_Finalizer | None"
 
 
 class _Token:
     """What a queued free knows of its finalizer: held by the object it watches, so alive at
     the end of a collection only when a ``__del__`` brought that object back to life."""
 
-    __slots__ = ("finalizer",)
+    __slots__ = ("finalizer", "at_exit")
 
-    def __init__(self) -> None:
+    def __init__(self, at_exit: bool) -> None:
         self.finalizer: "weakref.ref[_Finalizer] | None" = None
+        self.at_exit = at_exit
 
 
 def _drain() -> None:
@@ -79,7 +86,7 @@ def _drain() -> None:
                 f = token.finalizer() if token.finalizer is not None else None
                 if f is not None:
                     # its object was resurrected (a __del__ stored it): free when it dies
-                    _watch(f, queue, fn, args, f.atexit)
+                    f.rearmed = _watch(f, queue, fn, args, token.at_exit)
                 else:
                     fn(*args)
             except Exception as e:             # never raise from the collector
@@ -100,6 +107,15 @@ def _gc_phase(phase: str, info: dict[str, int]) -> None:
 gc.callbacks.append(_gc_phase)
 
 
+def _after_fork() -> None:
+    global _collecting       # a fork from another thread during a collection: the child's
+    _collecting = False      # collector never reaches "stop", and every free would queue
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 def _free(queue: Any, token: _Token, fn: Callable[..., Any], *args: Any) -> None:
     if _collecting:
         queue.append((token, fn, args))
@@ -112,8 +128,9 @@ def _free(queue: Any, token: _Token, fn: Callable[..., Any], *args: Any) -> None
 
 def _watch(obj: Any, queue: Any, fn: Callable[..., Any], args: tuple[Any, ...],
            at_exit: bool) -> _Finalizer:
-    token = _Token()
+    token = _Token(at_exit)
     f = _Finalizer(obj, _free, queue, token, fn, *args)
+    f.rearmed = None
     token.finalizer = weakref.ref(f)
     f.atexit = at_exit
     return f
@@ -136,10 +153,18 @@ def finalize(obj: Any, fn: Callable[..., Any], *args: Any,
     return _watch(obj, _later_stops if stops_a_process else _later, fn, args, stops_a_process)
 
 
+def detach(finalizer: "weakref.finalize[Any, Any]") -> Any:
+    """``finalizer.detach()`` for a finalizer made by :func:`finalize`, or for the one that took
+    its free over when a ``__del__`` brought its object back to life."""
+    while isinstance(finalizer, _Finalizer) and finalizer.rearmed is not None:
+        finalizer = finalizer.rearmed
+    return finalizer.detach()
+
+
 def free_now(finalizer: "weakref.finalize[Any, Any]") -> None:
     """Run a finalizer made by :func:`finalize` now, even during a collection (an explicit
     close: the object says it is closed from here on, so nothing reads what it frees). Once."""
-    info = finalizer.detach()
+    info = detach(finalizer)
     if info is not None:
         _, _, fn, *args = info[2]
         fn(*args)
@@ -233,7 +258,7 @@ class _Keeper:
 def hand_over(owned: Owned, tokens: Iterable[Any]) -> None:
     """Move the freeing of `owned`'s handle to the export `tokens` (objects with a ``memory``
     list): close() then leaves the memory to them, and the last one collected frees it."""
-    info = owned._finalizer.detach()
+    info = detach(owned._finalizer)
     if info is None:
         return
     _, _, fn, *args = info[2]

@@ -527,7 +527,7 @@ class Reader:
 
     def __del__(self):
         seen.append(self.read())
-        if mode == "resurrect":
+        if mode != "cycle":
             kept.append(self.read)
 
 
@@ -537,7 +537,7 @@ def build():
     ctx = gg.Context()
     a = ctx.from_numpy(x)
     out = a * a + a
-    ctx.alloc(be)
+    [buf] = ctx.alloc(be)
     a.set(x)
     g = gg.Graph(out)
     be.compute(g)
@@ -551,16 +551,19 @@ def build():
     b.set(x)
     sched.compute(gs)
     want = (x * x + x).tolist()
-    reads = {
+    reads = {           # what the __del__ reads, what it must see, what closes it
         "context": (lambda: (out.op, [s.op for s in out.src], out.shape),
-                    ("ADD", ["MUL", "NONE"], (16,))),
-        "buffer": (lambda: out.numpy(copy=True).tolist(), want),
-        "graph": (lambda: (g.n_nodes, [n.op for n in g.nodes]), (2, ["MUL", "ADD"])),
-        "backend": (lambda: (be.compute(g), out.numpy(copy=True).tolist())[1], want),
+                    ("ADD", ["MUL", "NONE"], (16,)), ctx.close),
+        "buffer": (lambda: out.numpy(copy=True).tolist(), want, buf.close),
+        "graph": (lambda: (g.n_nodes, [n.op for n in g.nodes]), (2, ["MUL", "ADD"]),
+                  ctx.close),
+        "backend": (lambda: (be.compute(g), out.numpy(copy=True).tolist())[1], want,
+                    be.close),
         "scheduler": (lambda: (sched.compute(gs), sched_out.numpy(copy=True).tolist())[1],
-                      want),
+                      want, sched.close),
     }
-    read, expect = reads[kind]
+    read, expect, close = reads[kind]
+    read.close = close
     Reader(read)            # garbage at once: only its own cycle holds it, and it the rest
     return expect
 
@@ -570,11 +573,26 @@ pending = len(weakref.finalize._registry)
 expect = build()
 gc.collect()
 assert seen == [expect], (seen, expect)
-if mode == "resurrect":
+if mode != "cycle":
     for _ in range(3):                 # kept alive by the global: nothing was freed under it
         gc.collect()
         assert kept[0]() == expect
+    if mode == "twice":                # in a cycle again, and brought back again
+        Reader(kept.pop())
+        gc.collect()
+        assert seen == [expect, expect] and len(kept) == 1
+        gc.collect()
+        assert kept[0]() == expect
     n = len(freed)
+    if mode == "close":                # an explicit close frees (or refuses) at once
+        kept[0].close()
+        assert len(freed) > n, freed
+        try:
+            kept[0]()
+            raise AssertionError("read after close")
+        except gg.GGMLError:
+            pass
+        n = len(freed)
     kept.clear()                       # now it dies for good: what it held is freed
     gc.collect()
     assert len(freed) > n, freed
@@ -583,14 +601,15 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("mode", ["cycle", "resurrect"])
+@pytest.mark.parametrize("mode", ["cycle", "resurrect", "twice", "close"])
 @pytest.mark.parametrize("kind", ["context", "buffer", "graph", "backend", "scheduler"])
 def test_a_del_in_a_cycle_reads_what_the_cycle_holds(kind, mode):
     # the cyclic collector calls the finalizers of its garbage (weakref callbacks) before the
     # __del__ methods of the same garbage: each owned object's memory is freed only when the
     # collection ends (_handle.finalize), so such a __del__ reads records, data, a graph, or
     # computes on a backend or scheduler, that are all still there; and a __del__ that keeps
-    # them (resurrects them) keeps them usable until they die for good. With the metadata
+    # them (resurrects them, once or twice) keeps them usable until they die for good or
+    # are closed (which frees at once). With the metadata
     # pool off a freed chunk goes back to the C allocator at once; a child process, since
     # such a read faulted
     import subprocess

@@ -179,7 +179,7 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "and freq_factors is None", ["tests/test_lifetime.py", "-k", "keeps_alive"]),
     # lifetimes of the metadata chunks (ggml_py/_metadata.py)
     "a retried close gives the chunks back once": (
-        "ggml_py/_context.py", "            if self._finalizer.detach() is not None:    # (once",
+        "ggml_py/_context.py", "            if _handle.detach(self._finalizer) is not None:   # (once",
         "            if True:    # (once", ["tests/test_metadata.py", "-k", "retried"]),
     "a free inside a collection waits for its end": (
         "ggml_py/_handle.py", "    if _collecting:\n        queue.append", "    if False:\n        queue.append",
@@ -188,8 +188,15 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "ggml_py/_handle.py", "                f = token.finalizer() if token.finalizer is not None else None",
         "                f = None", ["tests/test_lifetime.py", "-k", "resurrect"]),
     "a resurrected object is freed when it dies": (
-        "ggml_py/_handle.py", "                    _watch(f, queue, fn, args, f.atexit)",
+        "ggml_py/_handle.py", "                    f.rearmed = _watch(f, queue, fn, args, token.at_exit)",
         "                    pass", ["tests/test_lifetime.py", "-k", "resurrect"]),
+    "a twice-resurrected object keeps its re-armed free": (
+        "ggml_py/_handle.py", "                    f.rearmed = _watch(f, queue, fn, args, token.at_exit)",
+        "                    _watch(f, queue, fn, args, token.at_exit)",
+        ["tests/test_lifetime.py", "-k", "twice"]),
+    "closing a resurrected object frees at once": (
+        "ggml_py/_handle.py", "    while isinstance(finalizer, _Finalizer) and finalizer.rearmed is not None:",
+        "    while False:", ["tests/test_lifetime.py", "-k", "cycle_reads and close"]),
     "a reused chunk is reset first": (
         "ggml_py/_metadata.py", "                _RESET(raw)\n", "",
         ["tests/test_metadata.py"]),
@@ -197,7 +204,7 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "ggml_py/_graph.py", "        self._meta.ptr       # (ClosedError once closed", "        # (",
         ["tests/test_metadata.py", "-k", "closed_graph"]),
     "a closed graph's memory goes back when collected": (
-        "ggml_py/_graph.py", "            if self._raw is not None and self._finalizer.detach() is not None:",
+        "ggml_py/_graph.py", "            if self._raw is not None and _handle.detach(self._finalizer) is not None:",
         "            if False:", ["tests/test_metadata.py", "-k", "closed_graph"]),
     "checked permute takes int axes only": (
         "ggml_py/ops/shape.py", "                if x.__class__ is not int:      # (True == 1",
