@@ -68,11 +68,10 @@ class _Token:
     """What a queued free knows of its finalizer: held by the object it watches, so alive at
     the end of a collection only when a ``__del__`` brought that object back to life."""
 
-    __slots__ = ("finalizer", "at_exit")
+    __slots__ = ("finalizer",)
 
-    def __init__(self, at_exit: bool) -> None:
+    def __init__(self) -> None:
         self.finalizer: "weakref.ref[_Finalizer] | None" = None
-        self.at_exit = at_exit
 
 
 def _drain() -> None:
@@ -86,7 +85,7 @@ def _drain() -> None:
                 f = token.finalizer() if token.finalizer is not None else None
                 if f is not None:
                     # its object was resurrected (a __del__ stored it): free when it dies
-                    f.rearmed = _watch(f, queue, fn, args, token.at_exit)
+                    f.rearmed = _watch(f, queue, fn, args)
                 else:
                     fn(*args)
             except Exception as e:             # never raise from the collector
@@ -126,13 +125,12 @@ def _free(queue: Any, token: _Token, fn: Callable[..., Any], *args: Any) -> None
         fn(*args)
 
 
-def _watch(obj: Any, queue: Any, fn: Callable[..., Any], args: tuple[Any, ...],
-           at_exit: bool) -> _Finalizer:
-    token = _Token(at_exit)
+def _watch(obj: Any, queue: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> _Finalizer:
+    token = _Token()
     f = _Finalizer(obj, _free, queue, token, fn, *args)
     f.rearmed = None
     token.finalizer = weakref.ref(f)
-    f.atexit = at_exit
+    f.atexit = queue is _later_stops       # (only process stops run at exit)
     return f
 
 
@@ -150,7 +148,7 @@ def finalize(obj: Any, fn: Callable[..., Any], *args: Any,
       frees of a collection, which may still talk to it).
 
     Call :func:`free_now` for an explicit close."""
-    return _watch(obj, _later_stops if stops_a_process else _later, fn, args, stops_a_process)
+    return _watch(obj, _later_stops if stops_a_process else _later, fn, args)
 
 
 def detach(finalizer: "weakref.finalize[Any, Any]") -> Any:

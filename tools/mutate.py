@@ -188,11 +188,11 @@ MUTATIONS: dict[str, tuple[str, str, str, list[str]]] = {
         "ggml_py/_handle.py", "                f = token.finalizer() if token.finalizer is not None else None",
         "                f = None", ["tests/test_lifetime.py", "-k", "resurrect"]),
     "a resurrected object is freed when it dies": (
-        "ggml_py/_handle.py", "                    f.rearmed = _watch(f, queue, fn, args, token.at_exit)",
+        "ggml_py/_handle.py", "                    f.rearmed = _watch(f, queue, fn, args)",
         "                    pass", ["tests/test_lifetime.py", "-k", "resurrect"]),
     "a twice-resurrected object keeps its re-armed free": (
-        "ggml_py/_handle.py", "                    f.rearmed = _watch(f, queue, fn, args, token.at_exit)",
-        "                    _watch(f, queue, fn, args, token.at_exit)",
+        "ggml_py/_handle.py", "                    f.rearmed = _watch(f, queue, fn, args)",
+        "                    _watch(f, queue, fn, args)",
         ["tests/test_lifetime.py", "-k", "twice"]),
     "closing a resurrected object frees at once": (
         "ggml_py/_handle.py", "    while isinstance(finalizer, _Finalizer) and finalizer.rearmed is not None:",
