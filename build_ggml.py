@@ -30,7 +30,7 @@ from ggml_build.progress import Progress
 
 ROOT = Path(__file__).resolve().parent
 LIB_ROOT = ROOT / "ggml_py" / "lib"
-BUILD_ROOT = ROOT / "build"
+BUILD_ROOT = pins.work_root() / "build"   # the checkout's build/ (installed: beside the cache)
 GENERATOR = [Path(bindings.__file__), Path(bindings.__file__).with_name("helpers.c"),
              Path(cmake.__file__), Path(flags.__file__)]
 _LIB = re.compile(r"^lib(ggml[\w-]*)\.(so|dylib)$")

@@ -10,6 +10,7 @@ when the package is imported.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -297,9 +298,26 @@ def _compile_api(out: Path, include: Path, headers: list[str], libs: list[Path],
         libraries=[_link_name(p) for p in libs],
         extra_compile_args=["-Wno-deprecated-declarations"] + _THREADS,
         extra_link_args=[f"-Wl,-rpath,{origin}"] + _THREADS)
-    with tempfile.TemporaryDirectory(prefix="ggml_py-cffi-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ggml_py-cffi-") as tmp, _no_interpreter_rpath():
         built = Path(ffi.compile(tmpdir=tmp, verbose=False))
         shutil.copy2(built, out / built.name)
+
+
+@contextlib.contextmanager
+def _no_interpreter_rpath():
+    """Link without the building interpreter's `-Wl,-rpath,<its lib folder>` (pyenv and other
+    --enable-shared Pythons put it into LDSHARED): a module shipped in a wheel must find its
+    libraries through its own $ORIGIN only. distutils takes LDSHARED from the environment."""
+    import sysconfig
+    ldshared = sysconfig.get_config_var("LDSHARED")
+    if not ldshared or "LDSHARED" in os.environ or "-rpath" not in ldshared:
+        yield
+        return
+    os.environ["LDSHARED"] = re.sub(r"\s*-Wl,-rpath,\S+", "", ldshared)
+    try:
+        yield
+    finally:
+        del os.environ["LDSHARED"]
 
 
 def _link_name(lib: Path) -> str:

@@ -24,7 +24,14 @@ from .errors import BuildError
 from .progress import human_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the pins: the checkout's vendor/releases.toml; an installed package (a wheel) carries a copy
+#: beside this module
 MANIFEST = ROOT / "vendor" / "releases.toml"
+if not MANIFEST.exists():
+    MANIFEST = Path(__file__).resolve().with_name("releases.toml")
+#: whether this is a source checkout (extracted trees and CMake folders go into it) or an
+#: installed package (they go beside the sdist cache, never into site-packages)
+CHECKOUT = (ROOT / "vendor" / "releases.toml").exists() and (ROOT / "build_ggml.py").exists()
 STAMP = ".ggml_py-verified"
 TESTS = "ggml_py-tests"          # folder of the extracted tree that holds test-backend-ops.cpp
 
@@ -165,8 +172,14 @@ def vocab_sdist() -> Path | None:
     return None
 
 
+def work_root() -> Path:
+    """The folder that holds vendor/ (extracted trees) and build/ (CMake folders): the checkout,
+    or for an installed package the cache's parent (~/.cache/ggml_py by default)."""
+    return ROOT if CHECKOUT else cache_dir().parent
+
+
 def tree_dir(pin: Pin) -> Path:
-    return ROOT / "vendor" / pin.release
+    return work_root() / "vendor" / pin.release
 
 
 def extracted_tree(pin: Pin) -> Path | None:
@@ -188,6 +201,7 @@ def test_backend_ops(tree: Path) -> Path:
 def extract(pin: Pin, archive: Path) -> Path:
     """Extract only the ggml tree of `archive` to vendor/<release>/ (atomically)."""
     dest = tree_dir(pin)
+    dest.parent.mkdir(parents=True, exist_ok=True)
     top = pin.file.removesuffix(".tar.gz")
     prefix = f"{top}/{pin.tree}/"
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{pin.release}-"))

@@ -1,37 +1,95 @@
 """Where the build is: the folder ``GGML_PY_BUILD`` names, or the default release's default
 configuration under the package's ``lib/``. Nothing here loads a library: ``import ggml_py``
 asks only this (:func:`check`) and loads the build on first use (``_loader``).
+
+Build folders are named ``ggml-<release>-<backends...>[-native][-portable]`` (build_ggml.py,
+``ggml_build.flags.config_name``). Releases compare as versions, never as strings
+("0.9.4" < "0.15.3" < "0.26.0"), wherever builds are chosen or listed.
 """
 from __future__ import annotations
 
 import os
+import platform
 import re
-import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
 LIB_ROOT = PACKAGE / "lib"
 MODULE = "_ggml_cffi"
+#: the source checkout's pins; an installed package has none (its wheel holds one build)
+MANIFEST = PACKAGE.parent / "vendor" / "releases.toml"
+
+_NAME = re.compile(r"^ggml-(\d+(?:\.\d+)*)-(.+)$")
+
+
+def version_key(release: str) -> tuple[int, ...]:
+    """A release as a tuple of numbers: "0.9.4" < "0.15.3" < "0.26.0"."""
+    return tuple(int(p) for p in re.findall(r"\d+", release))
+
+
+def parse_name(name: str) -> tuple[str, list[str]] | None:
+    """(release, configuration parts) of a build folder name; None for other names."""
+    m = _NAME.match(name)
+    return (m.group(1), m.group(2).split("-")) if m else None
+
+
+def name_key(name: str) -> tuple[tuple[int, ...], str]:
+    """Sort key of build folder names: by release as a version, then by name."""
+    parsed = parse_name(name)
+    return (version_key(parsed[0]) if parsed else (), name)
+
+
+def platform_backends(system: str | None = None) -> tuple[str, ...]:
+    """The backends a default build has on `system` (platform.system()'s name), GPUs aside:
+    CPU and RPC, and Metal on macOS (as ``ggml_build.flags.default_backends``)."""
+    system = system or platform.system()
+    return ("cpu", "rpc", "metal") if system == "Darwin" else ("cpu", "rpc")
+
+
+def choose(names: Iterable[str], release: str | None, system: str | None = None) -> str | None:
+    """The folder to load by default among finished builds `names`: of `release` (None: the
+    newest release there), its platform-default configuration when built, else that release's
+    build with the fewest extras (a CUDA build on a GPU machine, a cpu,rpc-only build on macOS),
+    a portable one only when nothing else is. Builds of local trees (``--source``) are never
+    chosen by default. None when no build fits."""
+    wanted = list(platform_backends(system))
+    builds = []
+    for name in names:
+        parsed = parse_name(name)
+        if parsed is None or parsed[1][:2] != ["cpu", "rpc"] or \
+                any(p.startswith("src") for p in parsed[1]):
+            continue
+        builds.append((parsed[0], parsed[1], name))
+    if release is None:
+        if not builds:
+            return None
+        release = max((b[0] for b in builds), key=version_key)
+    fits = [(parts != wanted, "portable" in parts, len(parts), name)
+            for rel, parts, name in builds if rel == release]
+    return min(fits)[-1] if fits else None
+
+
+def default_release() -> str | None:
+    """The source checkout's default release (vendor/releases.toml); None when installed."""
+    if not MANIFEST.exists():
+        return None
+    # the manifest's top-level `default = "x.y.z"` (no TOML parser needed at import)
+    m = re.search(r'^default\s*=\s*"([^"]+)"', MANIFEST.read_text(), re.M)
+    if m is None:
+        raise ImportError(f"ggml_py: {MANIFEST} names no default release")
+    return m.group(1)
 
 
 def _default_name() -> str:
-    """ggml-<default release>-<default backends for this platform>, as build_ggml.py names it."""
-    manifest = PACKAGE.parent / "vendor" / "releases.toml"
-    if manifest.exists():
-        # the manifest's top-level `default = "x.y.z"` (no TOML parser needed at import)
-        m = re.search(r'^default\s*=\s*"([^"]+)"', manifest.read_text(), re.M)
-        if m is None:
-            raise ImportError(f"ggml_py: {manifest} names no default release")
-        release = m.group(1)
-    else:  # installed without the source tree: the only build shipped is the default
-        found = sorted(LIB_ROOT.glob("ggml-*/build.json"))
-        if not found:
-            return "ggml-<release>-cpu-rpc"
-        return found[0].parent.name
-    parts = ["ggml", release, "cpu", "rpc"]
-    if sys.platform == "darwin":
-        parts.append("metal")
-    return "-".join(parts)
+    """The default build's folder name: in a source checkout the default release's (as
+    build_ggml.py names it on this platform); installed, the wheel's build (the newest
+    release under lib/, there is one)."""
+    release = default_release()
+    found = choose((p.name for p in available_builds()), release)
+    if found is not None:
+        return found
+    return "-".join(["ggml", release or "<release>", *platform_backends()])
 
 
 def build_dir() -> Path:
@@ -46,20 +104,13 @@ def build_dir() -> Path:
         if path.is_dir():
             os.environ["GGML_PY_BUILD"] = str(path)
         return path
-    wanted = LIB_ROOT / _default_name()
-    if (wanted / "build.json").exists():
-        return wanted
-    # The default configuration may carry extra backends (CUDA on a GPU machine): take the
-    # default release's build with the fewest extras, a portable one only when nothing else is.
-    stem = wanted.name
-    cands = sorted((p for p in LIB_ROOT.glob(stem + "-*") if (p / "build.json").exists()),
-                   key=lambda p: (p.name.endswith("-portable"), len(p.name)))
-    return cands[0] if cands else wanted
+    return LIB_ROOT / _default_name()
 
 
 def available_builds() -> list[Path]:
-    """Finished build folders under lib/ (a folder without build.json is not one)."""
-    return sorted(p.parent for p in LIB_ROOT.glob("*/build.json"))
+    """Finished build folders under lib/ (a folder without build.json is not one), oldest
+    release first (as versions)."""
+    return sorted((p.parent for p in LIB_ROOT.glob("*/build.json")), key=lambda p: name_key(p.name))
 
 
 def _missing_build_message(folder: Path) -> str:
