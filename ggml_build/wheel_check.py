@@ -1,23 +1,141 @@
-"""What a built wheel's shared objects link against: ``python -m ggml_build.wheel_check W.whl``.
+"""What a built wheel's shared objects link against: ``python -m ggml_build.wheel_check W.whl``
+(a wheel, a folder, or single files).
 
-For every ELF file in the wheel: its NEEDED libraries and RUNPATH. Passes when each NEEDED
-library is either in the wheel (found through an ``$ORIGIN`` runpath) or a system library a
-manylinux-style platform provides (libc, libm, libstdc++, libgcc_s, libgomp, ...); prints
-`auditwheel show` too where auditwheel is installed. Exit 1 on a library the wheel would miss.
+Every file is classified by its magic bytes:
+
+- **ELF** (Linux): its NEEDED libraries and RUNPATH/RPATH (read with ``readelf -d``). A NEEDED
+  library passes when a runpath entry under ``$ORIGIN`` resolves to a file of the wheel that
+  has that name, or when it is a system library a manylinux platform provides (libc, libm,
+  libstdc++, libgcc_s, libgomp, ...).
+- **Mach-O** (macOS; thin or universal): its install name (LC_ID_DYLIB), the libraries it
+  loads (LC_LOAD_DYLIB and the weak, re-export, lazy and upward variants) and its LC_RPATH
+  entries, parsed here (no otool needed, so the macOS leg's check also runs on Linux). A
+  library passes when ``@loader_path/...`` or ``@rpath/...`` (through an LC_RPATH entry under
+  ``@loader_path``) resolves to a file of the wheel, or when it is the system's (/usr/lib,
+  /System/Library); an absolute path elsewhere (/opt/homebrew/...) or an ``@executable_path``
+  one would not exist on a user's machine.
+- Anything else that looks like a shared object by name (.so, .dylib, .pyd, .dll) is
+  **not checked**, and says so; a wheel without any ELF or Mach-O file fails ("nothing
+  checked" is not "ok").
+
+Prints `auditwheel show` too (ELF wheels, where auditwheel is installed). Exit 1 on a library
+the installed wheel would miss, or when nothing could be checked.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # provided by the platform (the manylinux policy's list, plus OpenMP's runtime from gcc)
 SYSTEM = re.compile(r"^(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|libgomp|"
                     r"ld-linux[\w.-]*|libvulkan|libcuda|libcudart|libcublas|libcublasLt)\.so")
+MACOS_SYSTEM = ("/usr/lib/", "/System/Library/")
+SHARED_SUFFIX = re.compile(r"\.(so(\.\d+)*|dylib|pyd|dll)$")
+
+# Mach-O load commands (mach-o/loader.h)
+LC_REQ_DYLD = 0x80000000
+LC_LOAD_DYLIB = 0xC
+LC_ID_DYLIB = 0xD
+LC_LOAD_WEAK_DYLIB = 0x18 | LC_REQ_DYLD
+LC_RPATH = 0x1C | LC_REQ_DYLD
+LC_REEXPORT_DYLIB = 0x1F | LC_REQ_DYLD
+LC_LAZY_LOAD_DYLIB = 0x20
+LC_LOAD_UPWARD_DYLIB = 0x23 | LC_REQ_DYLD
+LOADS = {LC_LOAD_DYLIB, LC_LOAD_WEAK_DYLIB, LC_REEXPORT_DYLIB, LC_LAZY_LOAD_DYLIB,
+         LC_LOAD_UPWARD_DYLIB}
+MH_MAGIC = {b"\xfe\xed\xfa\xce": (">", 28), b"\xce\xfa\xed\xfe": ("<", 28),
+            b"\xfe\xed\xfa\xcf": (">", 32), b"\xcf\xfa\xed\xfe": ("<", 32)}
+FAT_MAGIC = {b"\xca\xfe\xba\xbe": 20, b"\xca\xfe\xba\xbf": 32}   # fat_arch, fat_arch_64 sizes
+
+
+class NotMachO(ValueError):
+    pass
+
+
+@dataclass
+class MachO:
+    """What one Mach-O image (one architecture of a universal file) declares."""
+    install_name: str | None = None
+    loads: list[str] = field(default_factory=list)
+    rpaths: list[str] = field(default_factory=list)
+
+
+def kind(path: Path) -> str:
+    """'elf', 'macho', 'pe' or 'other', from the first bytes."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[:4] == b"\x7fELF":
+        return "elf"
+    if head[:4] in MH_MAGIC:
+        return "macho"
+    if head[:4] in FAT_MAGIC and len(head) == 8 and 0 < struct.unpack(">I", head[4:])[0] < 32:
+        return "macho"          # (Java class files share 0xcafebabe; their next word is >= 45)
+    if head[:2] == b"MZ":
+        return "pe"
+    return "other"
+
+
+def read_macho(data: bytes) -> list[MachO]:
+    """The images of a Mach-O file: one for a thin file, one per architecture for a universal."""
+    magic = data[:4]
+    if magic in FAT_MAGIC:
+        (n,) = struct.unpack_from(">I", data, 4)
+        images = []
+        for i in range(n):
+            if magic == b"\xca\xfe\xba\xbe":
+                _, _, off, size, _ = struct.unpack_from(">iiIII", data, 8 + 20 * i)
+            else:
+                _, _, off, size, _, _ = struct.unpack_from(">iiQQII", data, 8 + 32 * i)
+            images += read_macho(data[off:off + size])
+        return images
+    if magic not in MH_MAGIC:
+        raise NotMachO("not a Mach-O file")
+    end, header = MH_MAGIC[magic]
+    _, _, _, _, ncmds, sizeofcmds, _ = struct.unpack_from(end + "IiiIIII", data, 0)
+    image, off = MachO(), header
+    for _ in range(ncmds):
+        cmd, size = struct.unpack_from(end + "II", data, off)
+        if size < 8 or off + size > header + sizeofcmds:
+            raise NotMachO(f"load command at {off} runs past the header")
+        if cmd in LOADS or cmd in (LC_ID_DYLIB, LC_RPATH):
+            (name_off,) = struct.unpack_from(end + "I", data, off + 8)
+            text = data[off + name_off:off + size].split(b"\0", 1)[0].decode("utf-8", "replace")
+            if cmd == LC_RPATH:
+                image.rpaths.append(text)
+            elif cmd == LC_ID_DYLIB:
+                image.install_name = text
+            else:
+                image.loads.append(text)
+        off += size
+    return [image]
+
+
+def resolve_macho(lib: str, where: Path, rpaths: list[str], files: set[Path]) -> str:
+    """'in wheel', 'system' or 'MISSING' for a Mach-O load of `lib` by a file in `where`."""
+    def inside(p: str) -> bool:
+        return Path(os.path.normpath(p)) in files
+    if lib.startswith("@loader_path/"):
+        return "in wheel" if inside(str(where / lib[len("@loader_path/"):])) else "MISSING"
+    if lib.startswith("@rpath/"):
+        rest = lib[len("@rpath/"):]
+        for rp in rpaths:
+            if rp.startswith("@loader_path") and inside(
+                    str(where / rp[len("@loader_path"):].lstrip("/") / rest)):
+                return "in wheel"
+        if any(rp.startswith(MACOS_SYSTEM) for rp in rpaths) and rest.startswith("lib"):
+            return "system"
+        return "MISSING"
+    if lib.startswith(MACOS_SYSTEM):
+        return "system"
+    return "MISSING"      # @executable_path (the interpreter's), /opt/homebrew, /usr/local, ...
 
 
 def dynamic(path: Path) -> tuple[list[str], str]:
@@ -27,26 +145,95 @@ def dynamic(path: Path) -> tuple[list[str], str]:
     return needed, ":".join(runpath)
 
 
-def check(wheel: Path) -> int:
-    bad = 0
-    with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as z:
-        z.extractall(tmp)
-        files = [p for p in Path(tmp).rglob("*") if p.is_file() and p.read_bytes()[:4] == b"\x7fELF"]
-        names = {p.name for p in files}
-        print(f"{wheel.name}: {len(files)} shared objects")
-        for p in sorted(files):
-            needed, runpath = dynamic(p)
-            missing = [n for n in needed if n not in names and not SYSTEM.match(n)]
-            if missing or (needed and any(n in names for n in needed) and "$ORIGIN" not in runpath):
-                bad += 1
-            print(f"  {p.relative_to(tmp)}  runpath={runpath or '-'}")
-            for n in needed:
-                where = "in wheel" if n in names else ("system" if SYSTEM.match(n) else "MISSING")
-                print(f"      {n:<28} {where}")
-    if shutil.which("auditwheel"):
-        subprocess.run(["auditwheel", "show", str(wheel)])
-    print("ok" if not bad else f"{bad} shared object(s) would not load from the installed wheel")
-    return 1 if bad else 0
+def resolve_elf(lib: str, where: Path, runpath: str, files: set[Path]) -> str:
+    for entry in filter(None, runpath.split(":")):
+        if entry.startswith(("$ORIGIN", "${ORIGIN}")):
+            rel = entry.split("}", 1)[1] if entry.startswith("${") else entry[len("$ORIGIN"):]
+            if Path(os.path.normpath(where / rel.lstrip("/") / lib)) in files:
+                return "in wheel"
+    return "system" if SYSTEM.match(lib) else "MISSING"
+
+
+def _check_elf(p: Path, top: Path, files: set[Path]) -> bool:
+    if shutil.which("readelf") is None:
+        print(f"  {p.relative_to(top)}  ELF: NOT CHECKED (no readelf on this machine)")
+        return False
+    needed, runpath = dynamic(p)
+    outside = [e for e in runpath.split(":") if e and "ORIGIN" not in e]
+    print(f"  {p.relative_to(top)}  ELF runpath={runpath or '-'}")
+    ok = True
+    if outside:
+        print(f"      runpath outside the wheel: {':'.join(outside)}  BAD")
+        ok = False
+    for n in needed:
+        where = resolve_elf(n, p.parent, runpath, files)
+        ok &= where != "MISSING"
+        print(f"      {n:<40} {where}")
+    return ok
+
+
+def _check_macho(p: Path, top: Path, files: set[Path]) -> bool:
+    try:
+        images = read_macho(p.read_bytes())
+    except (NotMachO, struct.error) as e:
+        print(f"  {p.relative_to(top)}  Mach-O, unreadable: {e}  BAD")
+        return False
+    ok = True
+    for i, image in enumerate(images):
+        arch = f" [image {i + 1}/{len(images)}]" if len(images) > 1 else ""
+        print(f"  {p.relative_to(top)}{arch}  Mach-O install name={image.install_name or '-'} "
+              f"rpaths={':'.join(image.rpaths) or '-'}")
+        for rp in image.rpaths:
+            if not rp.startswith(("@loader_path",) + MACOS_SYSTEM):
+                print(f"      LC_RPATH outside the wheel: {rp}  BAD")
+                ok = False
+        for lib in image.loads:
+            where = resolve_macho(lib, p.parent, image.rpaths, files)
+            ok &= where != "MISSING"
+            print(f"      {lib:<40} {where}")
+    return ok
+
+
+def check(target: Path) -> int:
+    target = Path(target)
+    with tempfile.TemporaryDirectory() as tmp:
+        if target.is_file() and zipfile.is_zipfile(target):
+            with zipfile.ZipFile(target) as z:
+                z.extractall(tmp)
+            top = Path(tmp)
+            paths = [p for p in top.rglob("*") if p.is_file()]
+        elif target.is_dir():
+            top, paths = target, [p for p in target.rglob("*") if p.is_file()]
+        else:
+            top, paths = target.parent, [target]
+        top = top.resolve()
+        paths = [p.resolve() for p in paths]
+        files = set(paths)
+        kinds = {p: kind(p) for p in paths}
+        objs = [p for p in paths if kinds[p] in ("elf", "macho")]
+        unchecked = [p for p in paths if kinds[p] not in ("elf", "macho")
+                     and (SHARED_SUFFIX.search(p.name) or kinds[p] == "pe")]
+        print(f"{target.name}: {len(objs)} shared objects "
+              f"({sum(kinds[p] == 'elf' for p in objs)} ELF, "
+              f"{sum(kinds[p] == 'macho' for p in objs)} Mach-O)")
+        bad = 0
+        for p in sorted(objs):
+            good = (_check_elf if kinds[p] == "elf" else _check_macho)(p, top, files)
+            bad += not good
+        for p in sorted(unchecked):
+            print(f"  {p.relative_to(top)}  {kinds[p].upper()}: NOT CHECKED (neither ELF nor Mach-O)")
+    if any(kinds[p] == "elf" for p in objs) and target.suffix == ".whl" and shutil.which("auditwheel"):
+        subprocess.run(["auditwheel", "show", str(target)])
+    if not objs:
+        print("nothing checked: no ELF or Mach-O file"
+              + (f" ({len(unchecked)} other binaries, not understood here)" if unchecked else ""))
+        return 1
+    if bad:
+        print(f"{bad} shared object(s) would not load from the installed wheel, or search a "
+              "folder of the building machine first (the lines marked BAD/MISSING)")
+        return 1
+    print("ok" + (f" ({len(unchecked)} other binaries not checked)" if unchecked else ""))
+    return 0
 
 
 if __name__ == "__main__":
