@@ -46,14 +46,18 @@ class BuildGGML(Command):
         cmd = [sys.executable, str(ROOT / "build_ggml.py"), *args]
         # build_ggml.py is quick (a ninja no-op) when the build is current; its last line is the
         # output folder. Its progress goes to the terminal where there is one (pip captures
-        # stdout, and shows it all only with -v or on failure).
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env={**os.environ, "GGML_PY_PROGRESS_TTY": "1"})
-        sys.stdout.write(proc.stdout)
-        if proc.returncode != 0:
+        # stdout, and shows it as it comes with -v, all of it on failure).
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env={**os.environ, "GGML_PY_PROGRESS_TTY": "1"})
+        lines = []
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            lines.append(line)
+        if proc.wait() != 0:
             raise SystemExit(f"ggml_py: building ggml failed (build_ggml.py exit "
                              f"{proc.returncode}); the output above says why")
-        out = Path(proc.stdout.strip().splitlines()[-1])
+        out = Path("".join(lines).strip().splitlines()[-1])
         # only this build goes into the wheel (package_data is read lazily by build_py;
         # BuildPy removes whatever else include_package_data or an earlier run brought)
         self.distribution.package_data["ggml_py"] = [f"lib/{out.name}/*", "py.typed"]
