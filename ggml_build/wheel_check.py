@@ -1,5 +1,6 @@
 """What a built wheel's shared objects link against: ``python -m ggml_build.wheel_check W.whl``
-(a wheel, a folder, or single files).
+(a wheel, a folder, or single files); with ``--release X``, also that the wheel holds exactly
+one build under ggml_py/lib/, of ggml X.
 
 Every file is classified by its magic bytes:
 
@@ -236,5 +237,44 @@ def check(target: Path) -> int:
     return 0
 
 
+def builds_in(wheel: Path) -> dict[str, str | None]:
+    """{build folder under ggml_py/lib/: its release (build.json), None when it has none}."""
+    import json
+    found: dict[str, str | None] = {}
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            parts = name.split("/")
+            if parts[:2] == ["ggml_py", "lib"] and len(parts) >= 4:
+                found.setdefault(parts[2], None)
+                if parts[3] == "build.json":
+                    found[parts[2]] = json.loads(z.read(name)).get("release")
+    return found
+
+
+def check_release(wheel: Path, release: str) -> int:
+    """The wheel holds exactly one build, of `release`."""
+    found = builds_in(wheel)
+    print(f"{wheel.name}: builds {found or 'none'}")
+    if list(found.values()) != [release]:
+        print(f"expected exactly one build, of ggml {release}")
+        return 1
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m ggml_build.wheel_check", description=__doc__)
+    p.add_argument("paths", nargs="+", type=Path, help="wheels, folders or files")
+    p.add_argument("--release", help="also require exactly one build under ggml_py/lib/, of "
+                                     "this ggml release (wheels only)")
+    args = p.parse_args(argv)
+    rc = 0
+    for path in args.paths:
+        rc = max(rc, check(path))
+        if args.release:
+            rc = max(rc, check_release(path, args.release))
+    return rc
+
+
 if __name__ == "__main__":
-    sys.exit(max((check(Path(w)) for w in sys.argv[1:]), default=2))
+    sys.exit(main(sys.argv[1:]))

@@ -162,3 +162,19 @@ def test_a_published_universal2_wheel(tmp_path, capsys):
     assert "@loader_path/../../.dylibs/libzmq.5.dylib in wheel" in out
     assert "[image 2/2]" in out and "/usr/lib/libc++.1.dylib" in out
     assert rc == 1 and "LC_RPATH outside the wheel: /tmp/zmq/lib" in out
+
+
+def test_release_check_wants_exactly_one_build(tmp_path):
+    def wheel(*folders):
+        whl = tmp_path / f"w{len(folders)}.whl"
+        with zipfile.ZipFile(whl, "w") as z:
+            for name, rel in folders:
+                z.writestr(f"ggml_py/lib/{name}/build.json", f'{{"release": "{rel}"}}')
+                z.writestr(f"ggml_py/lib/{name}/libggml.so", b"")
+        return whl
+    one = wheel(("ggml-0.26.0-cpu-rpc", "0.26.0"))
+    assert wc.builds_in(one) == {"ggml-0.26.0-cpu-rpc": "0.26.0"}
+    assert wc.check_release(one, "0.26.0") == 0
+    assert wc.check_release(one, "0.20.2") == 1
+    two = wheel(("ggml-0.20.2-cpu-rpc", "0.20.2"), ("ggml-0.26.0-cpu-rpc", "0.26.0"))
+    assert wc.check_release(two, "0.26.0") == 1
