@@ -180,8 +180,12 @@ def _direct_download(pin: Pin, dest: Path) -> str | None:
     accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
     for index in _index_urls():
         page = index.rstrip("/") + f"/{project}/"
+        local = urllib.request.url2pathname(urllib.parse.urlsplit(page).path) \
+            if page.startswith("file:") else None
         try:
-            with urllib.request.urlopen(urllib.request.Request(page, headers={"Accept": accept}),
+            # a local index is a folder per project holding index.html (as pip reads it)
+            url = page + "index.html" if local and Path(local).is_dir() else page
+            with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": accept}),
                                         timeout=60) as r:
                 body, ctype = r.read(), r.headers.get("Content-Type", "")
         except (OSError, ValueError):
