@@ -164,6 +164,9 @@ def _index_urls() -> list[str]:
     for line in out.splitlines():
         key, _, val = line.partition("=")
         cfg.setdefault(key.rsplit(".", 1)[-1], val.strip().strip("'\""))
+    no_index = os.environ.get("PIP_NO_INDEX") or cfg.get("no-index") or ""
+    if no_index.lower() in ("1", "true", "yes", "on"):
+        return []                   # pip is told to use no index: neither do we
     index = os.environ.get("PIP_INDEX_URL") or cfg.get("index-url") or "https://pypi.org/simple"
     extra = os.environ.get("PIP_EXTRA_INDEX_URL") or cfg.get("extra-index-url") or ""
     return [index, *extra.split()]

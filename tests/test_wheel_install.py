@@ -51,3 +51,8 @@ def test_a_wrong_archive_on_the_index_is_refused(tmp_path, monkeypatch):
     with pytest.raises(BuildError, match="sha256 mismatch"):
         pins.fetch(pin, cache=tmp_path / "cache", log=lambda _: None)
     assert not (tmp_path / "cache" / pin.file).exists()
+
+
+def test_no_index_means_no_direct_download(monkeypatch):
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    assert pins._index_urls() == []
