@@ -67,8 +67,11 @@ class BuildGGML(Command):
 class BuildPy(build_py):
     def run(self):
         super().run()
+        if getattr(self, "editable_mode", False):
+            return      # `pip install -e .`: the package is the checkout, lib/ and pins included
         target = Path(self.build_lib)
         # the pins, where an installed ggml_build finds them (ggml_build.pins.MANIFEST)
+        self.mkpath(str(target / "ggml_build"))
         self.copy_file(str(ROOT / "vendor" / "releases.toml"),
                        str(target / "ggml_build" / "releases.toml"))
         keep = getattr(self.distribution, "ggml_py_build", None)

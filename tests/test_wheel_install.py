@@ -56,3 +56,32 @@ def test_a_wrong_archive_on_the_index_is_refused(tmp_path, monkeypatch):
 def test_no_index_means_no_direct_download(monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     assert pins._index_urls() == []
+
+
+@pytest.mark.slow
+def test_an_editable_install_still_works(tmp_path):
+    """setup.py's build_py narrows lib/ and adds the pins for wheels only: an editable install
+    (whose build_py runs "safely", a failure there once broke `pip install -e .`) maps the
+    checkout itself."""
+    import os
+    import subprocess
+    import sys
+    import venv
+    from pathlib import Path
+
+    from conftest import skip_without_index
+    root = Path(__file__).resolve().parent.parent
+    venv.EnvBuilder(with_pip=True).create(tmp_path / "venv")
+    py = str(tmp_path / "venv" / "bin" / "python")
+    r = subprocess.run([py, "-m", "pip", "install", "--no-deps", "-e", str(root)],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        skip_without_index(r.stdout + r.stderr, "pip's isolated build environment")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GGML_PY", "PYTHON"))}
+    r = subprocess.run([py, "-c", "import ggml_build.pins as p, importlib.util as u; "
+                        "print(u.find_spec('ggml_py').origin); print(p.MANIFEST)"],
+                       cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(root / "ggml_py" / "__init__.py"),
+                                str(root / "vendor" / "releases.toml")]
