@@ -139,6 +139,7 @@ def _download(pin: Pin, dest: Path, log) -> None:
     about 30 s here for an archive that downloads in under a second. The archive's sha256 is
     pinned, so where it came from does not matter to what gets built."""
     t0 = time.monotonic()
+    log(f"download {pin.file} (carries ggml {pin.release}) from the package index")
     try:
         where = _direct_download(pin, dest)
     except (OSError, ValueError) as e:
@@ -147,7 +148,7 @@ def _download(pin: Pin, dest: Path, log) -> None:
     if where is not None:
         size = (dest / pin.file).stat().st_size
         dt = max(time.monotonic() - t0, 1e-3)
-        log(f"downloaded {pin.file} (carries ggml {pin.release}) from {where}: "
+        log(f"downloaded {pin.file} from {where}: "
             f"{human_bytes(size)} in {dt:.1f} s ({human_bytes(size / dt)}/s)")
         return
     _pip_download(pin, dest, log)
