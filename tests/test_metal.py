@@ -193,13 +193,16 @@ out = {"devices": []}
 for d in gg.devices():
     if d.registry.name not in ("MTL", "Metal"):
         continue
-    mapped = d.buffer_from_host(gg.aligned_empty((1024,), np.float32)) if d.caps.buffer_from_host_ptr else None
+    # a whole page (16 KiB on Apple Silicon): ggml maps whole pages of the host memory
+    host = gg.aligned_empty((4096,), np.float32, alignment=16384)
+    mapped = d.buffer_from_host(host) if d.caps.buffer_from_host_ptr else None
     free, total = d.memory
     out["devices"].append({
         "name": d.name, "description": d.description, "type": d.type, "total": total,
         "caps": {"async": d.caps.async_, "events": d.caps.events,
                  "from_host": d.caps.buffer_from_host_ptr, "host_buffer": d.caps.host_buffer},
-        "buffer_type": d.buffer_type.name, "buffer_type_device": d.buffer_type.device.name,
+        "buffer_type": d.buffer_type.name,
+        "buffer_type_device": d.buffer_type.device.name if d.buffer_type.device else None,
         "buffer_types": [b.name for b in d.buffer_types],
         "mapped": mapped.buffer_type.name if mapped is not None else None})
 last = [d for d in gg.devices() if d.registry.name in ("MTL", "Metal")][-1]
