@@ -67,6 +67,17 @@ def parse_backends(text: str | None, plat: Platform) -> tuple[str, ...]:
     return tuple(n for n in KNOWN if n in ALWAYS or n in names)
 
 
+def rpath_origin(plat: Platform) -> str:
+    """The loader's token for "the folder of this binary" in an rpath: ``@loader_path`` for
+    macOS' dyld, ``$ORIGIN`` for ELF loaders (dyld ignores ``$ORIGIN``)."""
+    return "@loader_path" if plat.system == "Darwin" else "$ORIGIN"
+
+
+def library_suffix(plat: Platform) -> str:
+    """What the shared libraries of a build end with on `plat` (CMake's SHARED libraries)."""
+    return {"Darwin": ".dylib", "Windows": ".dll"}.get(plat.system, ".so")
+
+
 def cmake_flags(backends: tuple[str, ...], plat: Platform, *, native: bool = False,
                 cuda_arch: str | None = None, portable: bool = False) -> dict[str, str]:
     """The -D options for a configuration (besides paths).
@@ -78,7 +89,7 @@ def cmake_flags(backends: tuple[str, ...], plat: Platform, *, native: bool = Fal
     one CPU module per instruction-set level (GGML_CPU_ALL_VARIANTS), the best one chosen on
     the machine that runs it; without it, GGML_NATIVE=OFF on x86-64 still compiles AVX2/FMA
     code that dies with SIGILL on older processors."""
-    origin = "@loader_path" if plat.system == "Darwin" else "$ORIGIN"
+    origin = rpath_origin(plat)
     flags = {
         "CMAKE_BUILD_TYPE": "Release",
         "BUILD_SHARED_LIBS": "ON",
@@ -95,6 +106,13 @@ def cmake_flags(backends: tuple[str, ...], plat: Platform, *, native: bool = Fal
         "GGML_METAL": "OFF",
         "GGML_CUDA": "OFF",
         "GGML_VULKAN": "OFF",
+        # ggml turns on an Apple Accelerate "BLAS" device by default on macOS. Off: it is a
+        # third local device (type accel) that does only mul_mat/out_prod on host memory, with
+        # no events, no async and no buffer type of its own; every device-parametrized test
+        # and every scheduler would meet it, and the matmuls it takes over run on Metal or in
+        # the CPU backend's llamafile kernels anyway. Stated on every platform, so a build's
+        # device list does not depend on a platform default.
+        "GGML_BLAS": "OFF",
     }
     if portable:
         if native:

@@ -14,6 +14,7 @@ share this module. What they make (buffers, backends, events) lives in the modul
 from __future__ import annotations
 
 import operator
+import os
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -23,7 +24,7 @@ from ._buffer import Buffer
 from ._event import Event
 from ._handle import Borrowed
 from ._liveness import ensure_alive, supports_op
-from ._loader import cstr, ffi, lib, old_rpc_api
+from ._loader import BUILD, cstr, ffi, lib, old_rpc_api
 from .errors import (GGMLError, InvalidArgument, InvalidType, NotFound, OutOfMemory,
                      UnsupportedError, require)
 
@@ -206,6 +207,7 @@ class Device(Borrowed):
     @property
     def buffer_type(self) -> BufferType:
         """The device's default buffer type."""
+        check_env()
         return BufferType(lib.ggml_backend_dev_buffer_type(self.ptr))
 
     @property
@@ -256,6 +258,7 @@ class Device(Borrowed):
 
         CPU-type backends use the cores this process may use unless `n_threads` says otherwise.
         """
+        check_env()
         ensure_alive(self.ptr)
         return Backend._create(self, n_threads=n_threads, params=params)
 
@@ -309,13 +312,44 @@ class DeviceList(list["Device"]):
         return str(devices_html(self))
 
 
+#: environment variables that a backend's registry reads again on later calls, by backend:
+#: Metal re-reads GGML_METAL_DEVICES with atoi on every ``ggml_backend_metal_reg()`` call, so
+#: a value changed after ggml made its devices makes it index devices it never created and
+#: abort. Their values at the first lookup are kept (:func:`check_env`).
+REREAD_ENV = {"metal": "GGML_METAL_DEVICES"}
+_env_at_first_lookup: dict[str, str | None] = {}
+
+
+def check_env() -> None:
+    """Raise UnsupportedError when a variable of :data:`REREAD_ENV`, for a backend this build
+    has, changed since this process's first device lookup (the first call records them)."""
+    if not _env_at_first_lookup:
+        _env_at_first_lookup.update({v: os.environ.get(v) for v in REREAD_ENV.values()})
+        return
+    for backend, var in REREAD_ENV.items():
+        now, then = os.environ.get(var), _env_at_first_lookup[var]
+        if now != then and backend in BUILD["backends"]:
+            raise UnsupportedError(
+                f"{var} changed from {then!r} to {now!r} after ggml made its devices: ggml reads "
+                f"it again on later calls and can abort. Set it before the first device lookup "
+                f"(or in a new process), or restore it ({then if then is not None else 'unset'})")
+
+
+def env_at_first_lookup(var: str) -> str | None:
+    """The value `var` (one of :data:`REREAD_ENV`) had at the first device lookup."""
+    check_env()
+    return _env_at_first_lookup[var]
+
+
 def registries() -> list[Registry]:
     """Every backend registry, in ggml's order."""
+    check_env()
     return [Registry(lib.ggml_backend_reg_get(i)) for i in range(lib.ggml_backend_reg_count())]
 
 
 def devices() -> DeviceList:
     """Every device of every registry, in ggml's order (RPC devices once connected)."""
+    check_env()
     return DeviceList(Device._of(lib.ggml_backend_dev_get(i))
                       for i in range(lib.ggml_backend_dev_count()))
 

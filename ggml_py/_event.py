@@ -31,6 +31,7 @@ class Event(Owned):
         super().__init__(raw, lib.ggml_backend_event_free, guard=free_guard(device.ptr))
         self._device = device
         self._waiters: weakref.WeakSet[Backend] = weakref.WeakSet()  # queues that wait on it
+        self._recorded = False       # whether record() ever queued its signal
 
     @classmethod
     def _create(cls, device: "Device") -> "Event":
@@ -58,10 +59,23 @@ class Event(Owned):
         with backend._lock:
             backend.ensure_alive()
             lib.ggml_backend_event_record(self.ptr, backend.ptr)
+            self._recorded = True
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the event was recorded on a backend (synchronize() needs that)."""
+        return self._recorded
 
     def synchronize(self) -> None:
-        """Block the host until the recorded work is done."""
+        """Block the host until the recorded work is done. Refused for an event never
+        recorded: there is nothing to wait for, and what ggml does then is each backend's
+        own (0.26.0's CUDA, Vulkan, Metal and RPC return at once), while Metal aborts the
+        process when a synchronize is not signalled within 60 s: a wait that may never be
+        signalled must not reach ggml (docs/metal.md)."""
         self.ptr
+        if not self._recorded:
+            raise GGMLError(f"synchronize: the event on {self._device.name} was never "
+                            "recorded; record it on a backend first (event.record(backend))")
         ensure_alive(self._device.ptr)
         lib.ggml_backend_event_synchronize(self.ptr)
 

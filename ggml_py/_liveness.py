@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import sys
 from typing import Any, Callable
 
@@ -17,7 +18,7 @@ from ._loader import cstr, ffi, lib
 from .errors import RPCError
 
 _ENDPOINT: dict[int, str | None] = {}   # device handle -> endpoint (None: not an RPC device)
-_SOCKETS: dict[tuple[str, int], tuple[str, str]] = {}   # (host, port) -> (fd, "socket:[inode]")
+_SOCKETS: dict[tuple[str, int], tuple[str, Any]] = {}   # (host, port) -> (fd, its two addresses)
 _PROCESSES: dict[str, Any] = {}   # endpoint -> the server process rpc.serve() started there
 
 
@@ -58,16 +59,50 @@ def endpoint_of(dev_ptr: Any) -> str | None:
     return found
 
 
-def _tcp_state(fd: str, addrs: frozenset[str], port: int) -> int | None:
-    """TCP state of descriptor `fd` if it is a TCP connection to one of `addrs`:`port`."""
+def _tcp_state(fd: str, addrs: frozenset[str], port: int) -> tuple[int, Any] | None:
+    """TCP state of descriptor `fd` (in Linux's numbering) if it is a TCP connection to one of
+    `addrs`:`port`, with the connection's identity (its two addresses)."""
     import socket   # (here: most imports of ggml_py never talk to a server)
+    if not stat.S_ISSOCK(os.fstat(int(fd)).st_mode):
+        return None
     with socket.socket(fileno=os.dup(int(fd))) as s:       # a duplicate: ggml's stays open
         if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
             return None
         peer = s.getpeername()
         if peer[1] != port or (peer[0] not in addrs and peer[0].removeprefix("::ffff:") not in addrs):
             return None
-        return int(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0])
+        query = tcp_state_query(sys.platform)
+        if query is None:
+            return None
+        option, to_linux = query
+        state = int(s.getsockopt(socket.IPPROTO_TCP, option, 1)[0])
+        return to_linux.get(state, -1) if to_linux else state, (s.getsockname(), peer)
+
+
+#: macOS' TCP states (netinet/tcp_fsm.h) in Linux's numbering (1 ESTABLISHED, 8 CLOSE_WAIT)
+_DARWIN_TO_LINUX = {0: 7, 1: 10, 2: 2, 3: 3, 4: 1, 5: 8, 6: 4, 7: 11, 8: 9, 9: 5, 10: 6}
+
+
+def tcp_state_query(platform: str) -> tuple[int, dict[int, int] | None] | None:
+    """How `platform` (a ``sys.platform`` value) reports a TCP connection's state: the
+    IPPROTO_TCP option whose first byte is the state, and the map of its states to Linux's
+    numbering (None: already Linux's). Linux: TCP_INFO (11); macOS: TCP_CONNECTION_INFO
+    (0x106); None where unknown (the port is probed instead)."""
+    if platform.startswith("linux"):
+        return 11, None
+    if platform == "darwin":
+        return 0x106, _DARWIN_TO_LINUX
+    return None
+
+
+def _descriptors() -> list[str] | None:
+    """This process's open descriptors: /proc/self/fd (Linux), /dev/fd (macOS)."""
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return os.listdir(folder)
+        except OSError:
+            continue
+    return None
 
 
 @functools.lru_cache(maxsize=64)
@@ -82,44 +117,40 @@ def _addresses(host: str, port: int) -> frozenset[str] | None:
 
 
 def _connection_states(host: str, port: int) -> set[int] | None:
-    """TCP states of this process's connections to host:port (Linux: each socket descriptor's
-    peer and ``TCP_INFO``); None where that cannot be read. 1 is ESTABLISHED; a server that
-    died leaves 8 (CLOSE_WAIT) or no connection at all (as does a client that connects per
-    call, as ggml's did before 0.15: then the port is probed). The descriptor found last time is
-    tried first (a few microseconds instead of a scan of every descriptor)."""
-    if not sys.platform.startswith("linux"):
+    """TCP states of this process's connections to host:port (each socket descriptor's peer
+    and state: TCP_INFO on Linux, TCP_CONNECTION_INFO on macOS, in Linux's numbering); None
+    where that cannot be read. 1 is ESTABLISHED; a server that died leaves 8 (CLOSE_WAIT) or no
+    connection at all (as does a client that connects per call, as ggml's did before 0.15:
+    then the port is probed). The descriptor found last time is tried first (a few
+    microseconds instead of a scan of every descriptor)."""
+    if tcp_state_query(sys.platform) is None:
         return None
     addrs = _addresses(host, port)
     if addrs is None:
         return None
     known = _SOCKETS.get((host, port))
     if known is not None:
-        fd, link = known
+        fd, ident = known
         try:
-            if os.readlink(f"/proc/self/fd/{fd}") == link:
-                state = _tcp_state(fd, addrs, port)
-                if state is not None:
-                    return {state}
+            found = _tcp_state(fd, addrs, port)
+            if found is not None and found[1] == ident:
+                return {found[0]}
         except OSError:
             pass
         _SOCKETS.pop((host, port), None)
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
+    fds = _descriptors()
+    if fds is None:
         return None
     states = set()
     for fd in fds:
         try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-            if not link.startswith("socket:"):
-                continue
-            state = _tcp_state(fd, addrs, port)
+            found = _tcp_state(fd, addrs, port)
         except OSError:
             continue
-        if state is not None:
-            states.add(state)
-            if state == 1:
-                _SOCKETS[(host, port)] = (fd, link)
+        if found is not None:
+            states.add(found[0])
+            if found[0] == 1:
+                _SOCKETS[(host, port)] = (fd, found[1])
     return states
 
 

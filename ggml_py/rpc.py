@@ -25,7 +25,7 @@ from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib, old_rpc_a
 from .errors import GGMLError, InvalidType, RPCError, RPCVersionError, UnsupportedError, require
 from . import _handle, _liveness
 from ._context import Context
-from ._device import Device, Registry, device as _lookup
+from ._device import Device, Registry, device as _lookup, env_at_first_lookup
 
 OLD_RPC_ONE_DEVICE = ("this build's RPC server (ggml 0.9.x, protocol 2.0.0) serves one device; "
                       "serving several from one server arrived in ggml 0.10")
@@ -265,7 +265,7 @@ def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir
         cmd += ["--cache-dir", str(cache_dir)]
     if threads:
         cmd += ["--threads", str(threads)]
-    env = dict(os.environ, GGML_PY_BUILD=str(folder if build is not None else BUILD_DIR))
+    env = server_env(names, folder if build is not None else BUILD_DIR)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     server = Server(proc, endpoint)
@@ -285,6 +285,26 @@ def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir
                 raise TimeoutError(f"the RPC server did not accept connections at {endpoint} "
                                    f"within {timeout} s") from None
             time.sleep(0.05)
+
+
+def server_env(names: list[str], folder: "str | os.PathLike[str]") -> dict[str, str]:
+    """The environment of a server child serving the devices `names` from the build `folder`.
+    A server that serves no Metal device gets ``GGML_METAL_DEVICES=0``: ggml then makes no
+    Metal device, so the child neither opens the GPU nor compiles the Metal library for each
+    virtual device before it listens (seconds each, against serve()'s timeout). One that
+    serves a Metal device gets the count this process's ggml was made with, so that the
+    names mean the same devices there."""
+    env = dict(os.environ, GGML_PY_BUILD=str(folder))
+    var = "GGML_METAL_DEVICES"
+    if any(n.startswith("MTL") or n == "Metal" for n in names):
+        count = env_at_first_lookup(var)
+        if count is None:
+            env.pop(var, None)
+        else:
+            env[var] = count
+    else:
+        env[var] = "0"
+    return env
 
 
 _connected: dict[str, Registry] = {}

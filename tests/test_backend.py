@@ -15,13 +15,30 @@ def test_backend_basics(dev):
     assert be.closed
 
 
+def usable_cores_here() -> int:
+    """The cores this process may use, as the platform tells them: its affinity where the
+    platform has one (Linux), the machine's count where it has none (macOS)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def test_cpu_threads_default_to_usable_cores(cpu):
     with cpu.backend() as be:
-        assert be.n_threads == len(os.sched_getaffinity(0))
+        assert be.n_threads == usable_cores_here()
         be.n_threads = 1
         assert be.n_threads == 1
     with cpu.backend(n_threads=3) as be:
         assert be.n_threads == 3
+
+
+def test_cpu_threads_default_without_affinity(cpu, monkeypatch):
+    """macOS' os module has no sched_getaffinity (issue 33): with it removed, the default
+    is the machine's core count, and nothing raises AttributeError."""
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    assert usable_cores_here() == (os.cpu_count() or 1)
+    with cpu.backend() as be:
+        assert be.n_threads == usable_cores_here()
 
 
 def test_set_get_roundtrip(dev, rng):

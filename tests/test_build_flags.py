@@ -64,3 +64,46 @@ def test_output_folders_differ_per_release_and_configuration():
              config_name("0.25.3", ("cpu", "rpc"), source="/b")}
     assert len(names) == 6
     assert config_name("0.25.3", ("cpu", "rpc")) == "ggml-0.25.3-cpu-rpc"
+
+
+PLATFORMS = (LINUX, LINUX_GPU, MAC)
+
+
+@pytest.mark.parametrize("plat", PLATFORMS, ids=lambda p: p.system + ("-gpu" if p.nvidia_gpu else ""))
+def test_rpaths_use_the_platform_loaders_token(plat):
+    """Every rpath a build writes (the libraries' and test-backend-ops') is relative to the
+    binary through the token of the platform's loader: dyld ignores ``$ORIGIN`` (issue 33)."""
+    from ggml_build import cmake
+    from ggml_build.flags import rpath_origin
+    token = rpath_origin(plat)
+    other = "$ORIGIN" if plat.system == "Darwin" else "@loader_path"
+    assert token == ("@loader_path" if plat.system == "Darwin" else "$ORIGIN")
+    assert cmake_flags(default_backends(plat), plat)["CMAKE_INSTALL_RPATH"] == token
+    text = cmake.wrapper_text(plat)
+    rpaths = [line for line in text.splitlines() if "RPATH" in line]
+    assert rpaths and all(f"{token}/.." in line for line in rpaths)
+    assert other not in text
+
+
+@pytest.mark.parametrize("plat", PLATFORMS, ids=lambda p: p.system + ("-gpu" if p.nvidia_gpu else ""))
+def test_no_apple_blas_device(plat):
+    """ggml builds an Apple Accelerate BLAS device by default on macOS; ggml_py turns it off
+    on every platform, so a Mac's device list is the Linux one plus MTL (issue 33)."""
+    assert cmake_flags(default_backends(plat), plat)["GGML_BLAS"] == "OFF"
+    assert cmake_flags(default_backends(plat), plat, portable=True)["GGML_BLAS"] == "OFF"
+
+
+def test_the_wrapper_written_is_the_hosts(tmp_path):
+    import platform
+    from ggml_build import cmake
+    host = Platform(platform.system(), nvcc=False, nvidia_gpu=False)
+    cmake.write_wrapper(tmp_path)
+    assert (tmp_path / "wrapper" / "CMakeLists.txt").read_text() == cmake.wrapper_text(host)
+    cmake.write_wrapper(tmp_path, MAC)
+    assert "@loader_path/.." in (tmp_path / "wrapper" / "CMakeLists.txt").read_text()
+
+
+def test_default_build_folder_names_follow_the_platform():
+    """The folder a default build lands in, per platform (what tests/test_releases.py expects)."""
+    assert config_name("0.20.2", default_backends(LINUX)) == "ggml-0.20.2-cpu-rpc"
+    assert config_name("0.20.2", default_backends(MAC)) == "ggml-0.20.2-cpu-rpc-metal"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import RELEASE as RELEASE_LOADED, child_env, skip_without_index
+from ggml_build.flags import Platform, config_name, default_backends
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ("import ggml_py as gg, json; from ggml_py.__main__ import matmul_check;"
@@ -37,17 +38,34 @@ def test_0_20_2_builds_and_loads_beside_0_25_3():
         skip_without_index(r.stderr, "building 0.20.2")
     assert r.returncode == 0, r.stderr[-3000:]
     folder = Path(r.stdout.strip().splitlines()[-1])
-    assert folder.name == "ggml-0.20.2-cpu-rpc"
+    assert folder.name == OLD.name
     old, new = load(folder), load(None)
     assert old["version"] == "0.20.2" and new["version"] == gg.ggml_version() != "0.20.2"
     assert old["folder"] != new["folder"]
-    assert old["devices"][0] == new["devices"][0] == "CPU"
+    assert old["devices"][0] == first_device(DEFAULT_BACKENDS, "0.20.2")
+    assert new["devices"][0] == first_device(tuple(gg.BUILD["backends"]), gg.ggml_version())
+    assert "CPU" in old["devices"] and "CPU" in new["devices"]
     assert old["nmse"] < 5e-4 and new["nmse"] < 5e-4
     # selecting by folder name (under ggml_py/lib) works as well as by path
     assert load(folder.name)["version"] == "0.20.2"
 
 
-OLD = ROOT / "ggml_py" / "lib" / "ggml-0.20.2-cpu-rpc"
+def first_device(backends: tuple[str, ...], release: str) -> str:
+    """The first device ggml lists for a build of `backends`: ggml's registry puts the GPU
+    backends before the CPU (CUDA, then Metal, then Vulkan); Metal's device was "Metal"
+    before its virtual devices arrived in 0.9.7."""
+    ver = tuple(int(p) for p in release.split(".")[:3] if p.isdigit())
+    for b, name in (("cuda", "CUDA0"), ("metal", "MTL0" if ver >= (0, 9, 7) else "Metal"),
+                    ("vulkan", "Vulkan0")):
+        if b in backends:
+            return name
+    return "CPU"
+
+
+#: what `build_ggml.py --ggml 0.20.2` builds on this platform (the folder is named after it:
+#: ggml-0.20.2-cpu-rpc here, ggml-0.20.2-cpu-rpc-metal on macOS)
+DEFAULT_BACKENDS = default_backends(Platform.detect())
+OLD = ROOT / "ggml_py" / "lib" / config_name("0.20.2", DEFAULT_BACKENDS)
 
 
 def another_release(gg):
@@ -139,3 +157,24 @@ def test_pytest_plugin_runs_each_release_in_its_own_process_and_survives_an_abor
                 "(2 passed, 0 failed, 0 skipped)") in summary
     else:
         assert f"ggml {gg.BUILD_DIR}: passed (3 passed, 0 failed, 0 skipped)" in summary
+
+
+@pytest.mark.parametrize("system,backends,release,folder,first", [
+    ("Linux", None, "0.20.2", "ggml-0.20.2-cpu-rpc", "CPU"),
+    ("Darwin", None, "0.20.2", "ggml-0.20.2-cpu-rpc-metal", "MTL0"),
+    ("Darwin", None, "0.9.4", "ggml-0.9.4-cpu-rpc-metal", "Metal"),
+    ("Linux", "cuda", "0.25.3", "ggml-0.25.3-cpu-rpc-cuda", "CUDA0"),
+])
+def test_release_expectations_follow_the_platform(system, backends, release, folder, first):
+    """What the release tests expect, computed for another platform (issue 33: on macOS the
+    0.20.2 folder is ...-cpu-rpc-metal and MTL0 comes first; before 0.9.7 Metal's device
+    is "Metal")."""
+    plat = Platform(system, nvcc=backends == "cuda", nvidia_gpu=backends == "cuda")
+    chosen = default_backends(plat)
+    assert config_name(release, chosen) == folder
+    assert first_device(chosen, release) == first
+
+
+def test_the_loaded_build_lists_its_first_device_as_expected():
+    import ggml_py as gg
+    assert gg.devices()[0].name == first_device(tuple(gg.BUILD["backends"]), gg.ggml_version())
