@@ -48,6 +48,8 @@ import argparse
 import ast
 import builtins
 import hashlib
+import importlib.abc
+import importlib.util
 import json
 import os
 import random
@@ -107,7 +109,9 @@ def _ctypes() -> dict[str, Any]:
 
 def _lib_name(node: ast.expr, aliases: dict[str, str]) -> str | None:
     """`lib.ggml_x` -> ggml_x; a name bound to one -> its C name."""
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "lib":
+    if isinstance(node, ast.Attribute) and (
+            (isinstance(node.value, ast.Name) and node.value.id == "lib")
+            or (isinstance(node.value, ast.Attribute) and node.value.attr == "lib")):   # gg.lib.x
         return node.attr if node.attr.startswith(("ggml_", "gguf_")) else None
     if isinstance(node, ast.Name):
         return aliases.get(node.id)
@@ -348,6 +352,96 @@ def apply(m: Mutant) -> None:
     raise LookupError(f"{m.name}: function not found")
 
 
+# ---------------------------------------------------------------------------- child processes
+# Tests that run ggml_py in a child process (the corpus, the CLI, the generated cases, RPC
+# servers) see the mutant and are mapped through this sitecustomize, put first on PYTHONPATH:
+# with GGML_PY_MUTANT it applies that mutant right after its module is imported; with
+# GGML_PY_MAP_OUT it records the ggml_py functions the process calls, one line each, in a file
+# of that folder.
+SITE = CACHE / "site"
+_SITECUSTOMIZE = '''
+import os, sys
+_tool = os.environ.get("GGML_PY_MUTANT_TOOL")
+if _tool and os.environ.get("GGML_PY_MUTANT"):
+    import importlib.abc, importlib.machinery, importlib.util
+    _spec = importlib.util.spec_from_file_location("_ggml_py_mutants", _tool)
+    _tm = importlib.util.module_from_spec(_spec)
+    sys.modules["_ggml_py_mutants"] = _tm
+    _spec.loader.exec_module(_tm)
+    _tm.install_hook(os.environ["GGML_PY_MUTANT"])
+_out = os.environ.get("GGML_PY_MAP_OUT")
+if _out and _tool:
+    import threading
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(_tool))) + os.sep
+    _pkg = _root + "ggml_py" + os.sep
+    _seen = {}
+    _f = []
+    def _hook(frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        if code in _seen:
+            return
+        fn = code.co_filename
+        q = None
+        if fn.startswith(_pkg):
+            mod = fn[len(_root):-3].replace(os.sep, ".")
+            if mod.endswith(".__init__"):
+                mod = mod[:-9]
+            q = mod + ":" + code.co_qualname.split(".<locals>.")[0]
+        _seen[code] = q
+        if q:
+            if not _f:
+                _f.append(open(os.path.join(_out, f"{os.getpid()}.txt"), "a", buffering=1))
+            _f[0].write(q + "\\n")
+    sys.setprofile(_hook)
+    threading.setprofile(_hook)
+'''
+
+
+def _write_site() -> None:
+    SITE.mkdir(parents=True, exist_ok=True)
+    (SITE / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+
+
+def _child_environ(**extra: str) -> None:
+    """This process's environment, for the children its tests start."""
+    _write_site()
+    path = [str(SITE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(path)
+    os.environ["GGML_PY_MUTANT_TOOL"] = str(Path(__file__).resolve())
+    os.environ.update(extra)
+
+
+def install_hook(name: str) -> None:
+    """In a child process: apply mutant `name` once its module has been imported."""
+    module = name.split(":")[0]
+    m = next((x for x in discover() if x.name == name), None) if module in sys.modules else None
+    if m is not None:
+        apply(m)
+        return
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+            if fullname != module:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            if spec is None or spec.loader is None:
+                return spec
+            loader = spec.loader
+            orig = loader.exec_module
+
+            def exec_module(mod: Any) -> None:
+                orig(mod)
+                found = next(x for x in discover() if x.name == name)
+                apply(found)
+            loader.exec_module = exec_module      # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, Finder())
+
+
 # ---------------------------------------------------------------------------- the test map
 def _tree_hash() -> str:
     h = hashlib.sha256()
@@ -369,6 +463,10 @@ class _MapPlugin:
         self.durations: dict[str, float] = defaultdict(float)
         self.failed: set[str] = set()
         self.qual: dict[Any, str | None] = {}
+        self.dirs: dict[str, Path] = {}
+        self.outdir = CACHE / "map-children"
+        import shutil
+        shutil.rmtree(self.outdir, ignore_errors=True)
         pkg = str(PKG) + os.sep
         self.pkg = pkg
 
@@ -394,6 +492,11 @@ class _MapPlugin:
     def pytest_runtest_protocol(self, item: Any, nextitem: Any) -> Any:
         import threading
         self.current = item.nodeid
+        self.n = getattr(self, "n", 0) + 1
+        out = self.outdir / str(self.n)
+        out.mkdir(parents=True, exist_ok=True)
+        self.dirs[item.nodeid] = out
+        os.environ["GGML_PY_MAP_OUT"] = str(out)
         sys.setprofile(self._hook)
         threading.setprofile(self._hook)
         return None
@@ -415,6 +518,14 @@ def build_map(tests: list[str], path: Path) -> dict[str, Any]:
     plugin = _MapPlugin()
     rc = pytest.main(["-q", "-p", "no:randomly", "-p", "no:cacheprovider", "-m", "not slow",
                       *[f"--ignore=tests/{e}" for e in EXCLUDE_TESTS], *tests], plugins=[plugin])
+    # what child processes called: given to every test of the file whose test started them
+    # (a module-scoped fixture runs its child in the first test's setup, for all of them)
+    sub: dict[str, set[str]] = defaultdict(set)
+    for test, d in plugin.dirs.items():
+        for f in d.glob("*.txt"):
+            sub[test.split("::")[0]].update(f.read_text().split())
+    for test in plugin.durations:
+        plugin.calls[test].update(sub.get(test.split("::")[0], ()))
     by_fn: dict[str, list[str]] = defaultdict(list)
     for test, fns in plugin.calls.items():
         if test in plugin.failed:
@@ -446,9 +557,17 @@ def get_map(tests: list[str], fresh: bool) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- running
 def _select(m: Mutant, tmap: dict[str, Any], cap: int) -> list[str]:
+    """The mapped tests that call the mutant's function, the most targeted first (those that
+    call the fewest functions of the package: a refusal test stops early), then the fastest."""
     tests = tmap["functions"].get(m.function, [])
     dur = tmap["durations"]
-    tests = sorted(set(tests), key=lambda t: (dur.get(t, 0.0), t))
+    if "_width" not in tmap:
+        width: Counter[str] = Counter()
+        for ts in tmap["functions"].values():
+            width.update(ts)
+        tmap["_width"] = width
+    width = tmap["_width"]
+    tests = sorted(set(tests), key=lambda t: (width[t], dur.get(t, 0.0), t))
     return tests[:cap] if cap else tests
 
 
@@ -458,6 +577,7 @@ def _child(m: Mutant, tests: list[str], log: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     try:
+        _child_environ(GGML_PY_MUTANT=m.name)
         apply(m)
     except BaseException as e:     # a mutant that cannot be applied is a tool error
         print(f"MUTANT NOT APPLIED: {type(e).__name__}: {e}", flush=True)
@@ -599,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--map-worker":
         sys.path.insert(0, str(ROOT))
+        _child_environ()
         build_map(argv[2:], Path(argv[1]))
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -609,9 +730,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="a seeded sample of this many mutants, at least one per function")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cap", type=int, default=40, help="at most this many tests per mutant (fastest first; 0: all)")
+    p.add_argument("--cap2", type=int, default=400,
+                   help="a survivor of the first pass runs again on this many (0: all)")
     p.add_argument("--timeout", type=float, default=120)
+    p.add_argument("-j", "--jobs", type=int, default=1, help="mutants run at once")
     p.add_argument("--tests", nargs="*", default=DEFAULT_TESTS)
     p.add_argument("--fresh-map", action="store_true")
+    p.add_argument("--map", type=Path, help="use this map file (as written by an earlier run) as it is")
     p.add_argument("--min-kill", type=float, default=0.0,
                    help="exit 1 when killed / (mutants with tests) is below this percentage")
     p.add_argument("--json", type=Path, help="write every result here")
@@ -628,24 +753,36 @@ def main(argv: list[str] | None = None) -> int:
             print(m.name)
         print(f"{len(mutants)} mutants in {len({m.function for m in mutants})} functions", file=sys.stderr)
         return 0
-    tmap = get_map(args.tests, args.fresh_map)
+    tmap = json.loads(args.map.read_text()) if args.map else get_map(args.tests, args.fresh_map)
     _warm(tmap)
     logdir = CACHE / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
-    results = []
     t_all = time.monotonic()
-    for i, m in enumerate(mutants, 1):
+    done = [0]
+
+    def one(m: Mutant) -> dict[str, Any]:
         tests = _select(m, tmap, args.cap)
         if not tests:
             outcome, detail, secs = "no tests", "no mapped test calls this function", 0.0
         else:
             outcome, detail, secs = run_one(m, tests, args.timeout, logdir)
-        results.append({"name": m.name, "module": m.module, "function": m.function, "cls": m.cls,
-                        "outcome": outcome, "detail": detail, "tests": len(tests), "seconds": round(secs, 2)})
-        print(f"[{i}/{len(mutants)}] {outcome:8s} {secs:5.1f}s {m.name}  {detail if outcome != 'killed' else ''}",
-              flush=True)
-        if args.json:
-            args.json.write_text(json.dumps(results, indent=1))
+            more = _select(m, tmap, args.cap2)
+            if outcome == "survived" and len(more) > len(tests):
+                tests = more          # a second pass over more of the tests that call it
+                outcome, detail, s2 = run_one(m, tests, args.timeout, logdir)
+                secs += s2
+        done[0] += 1
+        print(f"[{done[0]}/{len(mutants)}] {outcome:8s} {secs:5.1f}s {m.name}  "
+              f"{detail if outcome != 'killed' else ''}", flush=True)
+        return {"name": m.name, "module": m.module, "function": m.function, "cls": m.cls,
+                "outcome": outcome, "detail": detail, "tests": len(tests), "seconds": round(secs, 2)}
+
+    # -j children at once: the parent's threads only fork and wait
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(one, mutants))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
     print()
     print(report(results, args.report))
     judged = [r for r in results if r["outcome"] != "error"]
