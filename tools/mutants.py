@@ -71,6 +71,8 @@ CLASSES = ("skip", "check", "swap")
 DEFAULT_TESTS = ["tests"]
 EXCLUDE_TESTS = ("test_mutations_listed.py", "test_install.py", "test_build_cli.py",
                  "test_build_flags.py", "test_releases.py", "test_readme.py", "test_notebook.py")
+REFUSAL_TESTS = {"test_bad_input.py", "test_generated.py", "test_fuzz.py", "test_checked.py",
+                 "test_ops.py", "test_gguf.py", "test_status.py"}
 CHECK_STMT = {"require", "rows", "contiguous", "blas_rows"}
 CHECK_WRAP = {"check", "check_status", "check_ptr"}
 
@@ -278,7 +280,7 @@ class _Mutator(ast.NodeTransformer):
                 if same:
                     return ast.Subscript(ast.Tuple(items + [ast.Constant(None)], ast.Load()),
                                          ast.Constant(same[0]), ast.Load())
-                neutral = ast.Attribute(ast.Name("builtins", ast.Load()), "__mutant_NULL__", ast.Load())
+                neutral = ast.Name("__mutant_NULL__", ast.Load())   # (builtins: ffi.NULL)
             elif r.kind == "primitive" and r.cname in ("float", "double"):
                 neutral = ast.Constant(0.0)
             else:
@@ -559,7 +561,10 @@ def get_map(tests: list[str], fresh: bool) -> dict[str, Any]:
 def _select(m: Mutant, tmap: dict[str, Any], cap: int) -> list[str]:
     """The mapped tests that call the mutant's function, the most targeted first (those that
     call the fewest functions of the package: a refusal test stops early), then the fastest."""
-    tests = tmap["functions"].get(m.function, [])
+    fn = m.function
+    for suffix in (".setter", ".deleter"):      # (a code object's qualname has neither)
+        fn = fn.removesuffix(suffix)
+    tests = tmap["functions"].get(fn, [])
     dur = tmap["durations"]
     if "_width" not in tmap:
         width: Counter[str] = Counter()
@@ -567,7 +572,14 @@ def _select(m: Mutant, tmap: dict[str, Any], cap: int) -> list[str]:
             width.update(ts)
         tmap["_width"] = width
     width = tmap["_width"]
-    tests = sorted(set(tests), key=lambda t: (width[t], dur.get(t, 0.0), t))
+    def rank(t: str) -> int:
+        f = t.split("::")[0].rsplit("/", 1)[-1]
+        if f == "test_corpus.py":
+            return 3             # its module fixture runs the whole corpus (~30 s): last
+        if m.cls == "check" and f in REFUSAL_TESTS:
+            return 0             # a removed rule: the refusal tests first
+        return 1
+    tests = sorted(set(tests), key=lambda t: (rank(t), width[t], dur.get(t, 0.0), t))
     return tests[:cap] if cap else tests
 
 
