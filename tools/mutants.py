@@ -640,8 +640,12 @@ def run_one(m: Mutant, tests: list[str], timeout: float, logdir: Path) -> tuple[
     rc = os.WEXITSTATUS(status)
     if rc == 0:
         return "survived", tail, secs
-    if rc in (99, 98, 3, 4, 5):
-        return "error", (text.strip().splitlines() or ["?"])[0][:200] if rc == 99 else f"pytest rc {rc}: {tail}", secs
+    if rc in (99, 98):
+        return "error", (text.strip().splitlines() or ["?"])[0][:200], secs
+    if rc in (3, 4, 5):
+        # applied, but the selected tests are no longer collected as they were (a device
+        # list or parameter computed at collection changed): the suite notices
+        return "killed", f"test collection changed (pytest rc {rc}): {tail}"[:200], secs
     failed = next((ln for ln in text.splitlines() if ln.startswith("FAILED") or ln.startswith("ERROR")), tail)
     return "killed", failed[:200], secs
 
