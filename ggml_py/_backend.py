@@ -20,7 +20,7 @@ from . import _transfer
 from ._handle import Owned
 from ._liveness import ensure_alive, free_guard, supports_op
 from ._loader import cstr, ffi, lib
-from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, require
+from .errors import GGMLError, check_ptr, InvalidArgument, InvalidType, UnsupportedError, require
 
 if TYPE_CHECKING:
     from ._device import BufferType, Device
@@ -58,9 +58,8 @@ class Backend(Owned):
                 f"backend: params must be a str, not {type(params).__name__}", InvalidType)
         if params is not None:
             require("\0" not in params, "backend: params must not contain NUL characters")
-        raw = lib.ggml_backend_dev_init(device.ptr, params.encode() if params else ffi.NULL)
-        if raw == ffi.NULL:
-            raise GGMLError(f"could not start a backend on {device.name}")
+        raw = check_ptr(lib.ggml_backend_dev_init(device.ptr, params.encode() if params else ffi.NULL),
+                        f"could not start a backend on {device.name}")
         be = cls(raw, device)
         if n_threads is not None or device.type == "cpu":
             be.n_threads = n_threads if n_threads is not None else usable_cores()

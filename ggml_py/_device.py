@@ -25,7 +25,7 @@ from ._event import Event
 from ._handle import Borrowed
 from ._liveness import ensure_alive, supports_op
 from ._loader import BUILD, cstr, ffi, lib, old_rpc_api
-from .errors import (GGMLError, InvalidArgument, InvalidType, NotFound, OutOfMemory,
+from .errors import (GGMLError, check_ptr, InvalidArgument, InvalidType, NotFound, OutOfMemory,
                      UnsupportedError, require)
 
 _TYPES = {}
@@ -86,9 +86,8 @@ class BufferType(Borrowed):
             raise OutOfMemory(f"alloc: {n} bytes exceed buffer type {self.name}'s max size "
                               f"{self.max_size}")
         ensure_alive(lib.ggml_backend_buft_get_device(self.ptr))
-        raw = lib.ggml_backend_buft_alloc_buffer(self.ptr, n)
-        if raw == ffi.NULL:
-            raise OutOfMemory(f"alloc: {self.name} could not allocate {n} bytes")
+        raw = check_ptr(lib.ggml_backend_buft_alloc_buffer(self.ptr, n),
+                        f"alloc: {self.name} could not allocate {n} bytes", OutOfMemory)
         return Buffer(raw, self)
 
     def __repr__(self) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ._handle import Owned
 from ._liveness import ensure_alive, free_guard
 from ._loader import ffi, lib
-from .errors import GGMLError, InvalidType, require
+from .errors import GGMLError, InvalidType, check_ptr, require
 
 if TYPE_CHECKING:
     from ._backend import Backend
@@ -36,9 +36,8 @@ class Event(Owned):
     @classmethod
     def _create(cls, device: "Device") -> "Event":
         device.require_events()
-        raw = lib.ggml_backend_event_new(device.ptr)
-        if raw == ffi.NULL:
-            raise GGMLError(f"ggml could not create an event on {device.name}")
+        raw = check_ptr(lib.ggml_backend_event_new(device.ptr),
+                        f"ggml could not create an event on {device.name}")
         return cls(raw, device)
 
     @property

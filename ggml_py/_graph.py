@@ -27,7 +27,7 @@ from ._liveness import free_guard, second_opinion
 from ._loader import HELPERS, cstr, ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import give_back_rewired, own_sources
-from .errors import ClosedError, GGMLError, InvalidArgument, InvalidType, UnsupportedError, check, require
+from .errors import ClosedError, GGMLError, InvalidArgument, InvalidType, UnsupportedError, OutOfMemory, check_ptr, check_status, require
 
 if TYPE_CHECKING:
     from ._backend import Backend
@@ -310,14 +310,12 @@ class Graph:
                 # reuse, or free in a reallocation, memory the older ones point into)
                 self.let_go(addrs, other)
             if alloc is None:
-                raw = lib.ggml_gallocr_new(buft)
-                if raw == ffi.NULL:
-                    raise GGMLError("ggml_gallocr_new failed")
+                raw = check_ptr(lib.ggml_gallocr_new(buft), "ggml_gallocr_new failed", OutOfMemory)
                 alloc = self._allocs[key] = Owned(
                     raw, lib.ggml_gallocr_free, parents=(self.ctx,),
                     guard=free_guard(lib.ggml_backend_buft_get_device(buft)))
             if not lib.ggml_gallocr_alloc_graph(alloc.ptr, self.ptr):
-                raise GGMLError(f"compute: allocating the graph's nodes on {backend.name} "
+                raise OutOfMemory(f"compute: allocating the graph's nodes on {backend.name} "
                                 "failed (out of memory?)")
             self._placed_data = self.placement()
         self._checked.add(backend)
@@ -392,7 +390,7 @@ class Graph:
         elif status == 3:
             self._usable(backend, t, t.buffer, set())
         elif status == 4:
-            check(lib.ggml_backend_view_init(t), "view init")
+            check_status(lib.ggml_backend_view_init(t), "view init")
         if status:
             raise GGMLError(f"compute: preparing the graph failed (status {status})")
         if self._index_inputs is None:
@@ -413,7 +411,7 @@ class Graph:
             if not buf:
                 src = t.view_src
                 if src and src.buffer and src.data:
-                    check(lib.ggml_backend_view_init(t), "view init")
+                    check_status(lib.ggml_backend_view_init(t), "view init")
                     buf = t.buffer
             if buf and buf not in usable:
                 self._usable(backend, t, buf, usable)
@@ -502,7 +500,7 @@ class Graph:
                 if (fast is not None and self._fast_epoch == _handle.EPOCH and not asynchronous
                         and fast() is backend and not ctx.rewired):
                     # validated for this backend and nothing closed or rewired since
-                    check(lib.ggml_backend_graph_compute(backend._raw, self.ptr), "graph compute")
+                    check_status(lib.ggml_backend_graph_compute(backend._raw, self.ptr), "graph compute")
                     return
                 self._compute_locked(backend, asynchronous)
             return
@@ -522,9 +520,9 @@ class Graph:
         self.check_indices()
         if asynchronous:
             backend.keep_until_synchronized(self)
-            check(lib.ggml_backend_graph_compute_async(backend.ptr, self.ptr), "graph compute")
+            check_status(lib.ggml_backend_graph_compute_async(backend.ptr, self.ptr), "graph compute")
         else:
-            check(lib.ggml_backend_graph_compute(backend.ptr, self.ptr), "graph compute")
+            check_status(lib.ggml_backend_graph_compute(backend.ptr, self.ptr), "graph compute")
         # the fast path's conditions: nothing here needs checking per compute
         self._fast = weakref.ref(backend) if backend._guard is None and not self._index_inputs \
             else None

@@ -28,7 +28,7 @@ from ._handle import Owned, hand_over
 from ._liveness import endpoint_of, supports_op
 from ._loader import cstr, ffi, lib
 from ._tensor_base import give_back_rewired
-from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, check, require
+from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, OutOfMemory, check_status, require
 
 MAX_BACKENDS = 16  # GGML_SCHED_MAX_BACKENDS (a private define of ggml-backend.cpp)
 MAX_SRC = int(lib.GGML_MAX_SRC)
@@ -185,7 +185,7 @@ class Scheduler(Owned):
             c.keep(self)
         if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
             self._forget()
-            raise GGMLError("the scheduler could not allocate the graph (out of memory?)")
+            raise OutOfMemory("the scheduler could not allocate the graph (out of memory?)")
         for t, srcs in sources:
             if any(a != b for a, b in zip(t.src, srcs)):
                 for c in graph.contexts:       # (one of them holds the node)
@@ -251,7 +251,7 @@ class Scheduler(Owned):
             elif self._epoch != _handle.EPOCH:
                 self._recheck(graph)
             graph.check_indices()
-            check(fn(self.ptr, graph.ptr), "scheduled graph compute")
+            check_status(fn(self.ptr, graph.ptr), "scheduled graph compute")
 
     def _recheck(self, graph: Graph) -> None:
         """Something closed or was handed back since the graph was placed. A leaf without

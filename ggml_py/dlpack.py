@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ._context import Context
     from ._tensor import Tensor
 from ._loader import ffi, lib
-from .errors import InvalidArgument, InvalidType, UnsupportedError, check, require
+from .errors import InvalidArgument, InvalidType, UnsupportedError, check_status, require
 
 KDL_CPU, KDL_CUDA = 1, 2
 _INT, _UINT, _FLOAT, _BFLOAT = 0, 1, 2, 4
@@ -164,7 +164,7 @@ def from_dlpack(obj: Any, ctx: "Context", name: str | None = None) -> "Tensor":
     require(array.flags.c_contiguous, "from_dlpack: the array must be C-contiguous")
     buf = find_device("CPU").buffer_from_host(array)
     t = ctx.tensor(array.dtype, array.shape, name)
-    check(lib.ggml_backend_tensor_alloc(buf.ptr, t.ptr, ffi.cast("void *", buf.base)),
+    check_status(lib.ggml_backend_tensor_alloc(buf.ptr, t.ptr, ffi.cast("void *", buf.base)),
           "tensor alloc")
     ctx.adopt(buf)
     return t

@@ -52,21 +52,44 @@ class GGMLWarning(RuntimeWarning):
     """Problems met in finalizers, where raising is not an option."""
 
 
-_STATUS = {-1: "allocation failed", -2: "failed", 1: "aborted"}
+# the loaded bindings, given by _loader once it has loaded them (this module is the bottom
+# of the package: it imports nothing of it)
+_ffi: Any = None
+_lib: Any = None
+
+
+def bind(ffi: Any, lib: Any) -> None:
+    """Called by _loader with the build's bindings."""
+    global _ffi, _lib
+    _ffi, _lib = ffi, lib
+
+
+def check_status(status: Any, what: str) -> None:
+    """Raise for an ``enum ggml_status`` other than ``GGML_STATUS_SUCCESS``, with ggml's own
+    words (``ggml_status_to_string``): :class:`OutOfMemory` for
+    ``GGML_STATUS_ALLOC_FAILED``, :class:`GGMLError` for the others (failed, aborted)."""
+    s = int(status)
+    if s == 0:
+        return
+    text = _ffi.string(_lib.ggml_status_to_string(s)).decode(errors="replace")
+    exc = OutOfMemory if s == int(_lib.GGML_STATUS_ALLOC_FAILED) else GGMLError
+    raise exc(f"{what} failed: {text} (ggml status {s})")
+
+
+def check_ptr(ptr: Any, what: str, exc: type[GGMLError] = GGMLError) -> Any:
+    """Return `ptr`, or raise `exc` saying `what` when ggml returned NULL for it (pass
+    :class:`OutOfMemory` where NULL means an allocation failed)."""
+    if ptr is None or ptr == _ffi.NULL:
+        raise exc(f"{what} (ggml returned NULL)")
+    return ptr
 
 
 def check(result: Any, what: str, *, null: Any = None) -> Any:
-    """Raise for a failed ggml call, else return `result`.
-
-    `result` is either an ``enum ggml_status`` (0 is success) or a pointer, checked against
-    `null` (pass ``ffi.NULL``).
-    """
+    """The former checker, kept for callers: a pointer with `null` given goes to
+    :func:`check_ptr`, anything else is an ``enum ggml_status`` for :func:`check_status`."""
     if null is not None:
-        if result == null:
-            raise GGMLError(f"{what} failed (ggml returned NULL)")
-        return result
-    if result != 0:
-        raise GGMLError(f"{what} failed: {_STATUS.get(int(result), f'status {int(result)}')}")
+        return check_ptr(result, f"{what} failed")
+    check_status(result, what)
     return result
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from ._handle import Owned
 from ._liveness import endpoint_of
 from ._loader import ffi, lib
-from .errors import GGMLError, UnsupportedError, check, require
+from .errors import GGMLError, UnsupportedError, check_ptr, check_status, require
 from .ops._common import RELEASE
 
 if TYPE_CHECKING:
@@ -198,9 +198,7 @@ class Optimizer(Owned):
         opt_params.get_opt_pars_ud = self._pars
         if hasattr(opt_params, "optimizer"):          # (releases before SGD have AdamW only)
             opt_params.optimizer = OPTIMIZERS[optimizer]
-        raw = lib.ggml_opt_init(opt_params)
-        if raw == ffi.NULL:
-            raise GGMLError("ggml_opt_init failed")
+        raw = check_ptr(lib.ggml_opt_init(opt_params), "ggml_opt_init failed")
         # freed before the scheduler, the compute context and the tensors' contexts
         super().__init__(raw, lib.ggml_opt_free,
                          parents=(self._sched, self._compute, inputs.ctx, outputs.ctx)
@@ -363,7 +361,7 @@ def gradients(loss: Tensor, params: Iterable[Tensor],
         if galloc == ffi.NULL or not lib.ggml_gallocr_alloc_graph(galloc, graph):
             raise GGMLError(f"allocating the backward graph on {backend.name} failed")
         lib.ggml_graph_reset(graph)         # d loss / d loss = 1, other gradients 0
-        check(lib.ggml_backend_graph_compute(backend.ptr, graph), "backward graph compute")
+        check_status(lib.ggml_backend_graph_compute(backend.ptr, graph), "backward graph compute")
         out = []
         for p in params:
             g = lib.ggml_graph_get_grad(graph, p.ptr)

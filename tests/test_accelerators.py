@@ -11,6 +11,7 @@ import pytest
 import ggml_py as gg
 from ggml_py import _vulkan
 from conftest import LayerStack, child_env, nmse, producer_rows
+from sentinel import assert_bytes, unlike
 
 ACCEL = [d.name for d in gg.devices()
          if d.type in ("gpu", "igpu") and not d.registry.name.startswith("RPC")]
@@ -83,13 +84,13 @@ def test_two_backends_of_one_device_ordered_by_events(accel, rng):
 
 def test_async_set_get_round_trip(accel, rng):
     x = rng.standard_normal(1 << 20).astype(np.float32)
-    y = np.empty_like(x)
+    y = unlike(x)
     with accel.backend() as be:
-        ctx, t = _on(be, x)
+        ctx, t = _on(be, unlike(x))         # set_async and get_async must change every byte
         be.set_async(t, x)
         be.get_async(t, y)
         be.synchronize()
-        assert np.array_equal(x, y)
+        assert_bytes(y, x, unlike(x))
         ctx.close()
 
 
@@ -121,12 +122,12 @@ def test_copy_async_between_cpu_and_device(accel, cpu, rng, direction):
     x = rng.standard_normal((64, 64)).astype(np.float32)
     with accel.backend() as gb, cpu.backend() as cb:
         (sb, db) = (cb, gb) if direction == "cpu->device" else (gb, cb)
-        cs, s = _on(sb, x)
-        cd, d = _on(db, x)
+        cs, s = _on(sb, unlike(x))
+        cd, d = _on(db, unlike(x))          # the copy must change every byte
         s.set(x)
         gg.copy_async(s, d, sb, db)
         db.synchronize()
-        assert np.array_equal(d.numpy(), x)
+        assert_bytes(d.numpy(), x, unlike(x))
         cs.close()
         cd.close()
 
@@ -202,7 +203,7 @@ def test_event_closed_before_the_waiting_backend_synchronizes(accel, rng):
     that queue still waits on (the queue hung on Vulkan); the close waits for it instead."""
     x = rng.standard_normal(1 << 16).astype(np.float32)
     with accel.backend() as b0, accel.backend() as b1, gg.Context() as ctx:
-        a, dst = ctx.from_numpy(x), ctx.tensor(gg.f32, x.shape)
+        a, dst = ctx.from_numpy(unlike(x)), ctx.from_numpy(unlike(x))
         ctx.alloc(b0)
         b0.set_async(a, x)
         with accel.event() as ev:
@@ -210,7 +211,7 @@ def test_event_closed_before_the_waiting_backend_synchronizes(accel, rng):
             b1.wait(ev)
             gg.copy_async(a, dst, b0, b1)
         b1.synchronize()
-        assert np.array_equal(dst.numpy(), x)
+        assert_bytes(dst.numpy(), x, unlike(x))
 
 
 VULKAN = [n for n in ACCEL if n.startswith("Vulkan")]

@@ -6,12 +6,15 @@ import pytest
 
 import ggml_py as gg
 from conftest import DEVICE_NAMES, device_of
+from sentinel import assert_bytes, unlike
 
 
 def _tensor_on(dev, be, x):
+    """A tensor on `be` holding unlike(x): every byte differs from what a copy must bring."""
     ctx = gg.Context()
-    t = ctx.from_numpy(x)
+    t = ctx.from_numpy(unlike(x))
     ctx.alloc(be)
+    assert_bytes(t.numpy(), unlike(x))
     return ctx, t
 
 
@@ -33,7 +36,8 @@ def test_copy_async_every_pair(rpc_servers, src_name, dst_name, rng):
             sb.synchronize()
             gg.copy_async(s, d, sb, db)
             db.synchronize()
-        assert np.array_equal(d.numpy(), x)
+        assert_bytes(s.numpy(), x, unlike(x))     # set_async wrote the source
+        assert_bytes(d.numpy(), x, unlike(x))     # the copy wrote the destination
         cs.close()
         cd.close()
 
@@ -44,10 +48,10 @@ def test_copy_chain_cpu_rpc0_rpc1_cpu(cpu, rpc_devs, rng):
     bes = [d.backend() for d in devs]
     ctxs, ts = zip(*[_tensor_on(d, b, x) for d, b in zip(devs, bes)])
     ts[0].set(x)
-    for i in range(3):
+    for i in range(3):               # every hop's destination starts as unlike(x)
         gg.copy_async(ts[i], ts[i + 1], bes[i], bes[i + 1])
         bes[i + 1].synchronize()
-    assert ts[3].numpy().tobytes() == x.tobytes()
+        assert_bytes(ts[i + 1].numpy(), x, unlike(x))
     for c in ctxs:
         c.close()
     for b in bes:

@@ -4,12 +4,16 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
+from sentinel import assert_bytes, unlike
 
 
 def _host_tensor(be, ctx, x):
-    t = ctx.from_numpy(x)
+    """A tensor of `be` holding x, set after it started as unlike(x) (every byte different):
+    what an export then shows came through the set."""
+    t = ctx.from_numpy(unlike(x))
     ctx.alloc(be)
     t.set(x)
+    assert_bytes(t.numpy(copy=True), x, unlike(x))
     return t
 
 
