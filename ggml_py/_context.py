@@ -359,6 +359,7 @@ class Context(Owned):
         else:
             raise InvalidType("alloc: takes a Backend or a BufferType, not "
                               f"{type(backend_or_buffer_type).__name__}")
+        buft.require_plain_bytes("alloc")
         ensure_alive(lib.ggml_backend_buft_get_device(buft.ptr))
         made = []
         with self._lock:
