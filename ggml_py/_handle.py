@@ -193,6 +193,9 @@ class Owned:
         # `guard` (optional) says whether freeing is still safe: ggml's RPC client aborts the
         # process when it frees remote memory of a server that has died.
         self._finalizer = finalize(self, _release, free, raw, self._kind, guard)
+        # zero-copy exports (numpy views, DLPack capsules: objects with a ``memory`` list)
+        # reading memory this object frees: close() then hands its free to them (hand_over)
+        self._exports: "weakref.WeakSet[Any]" = weakref.WeakSet()
         LIVE.add(self)
         for p in self._parents:
             p._children.add(self)
@@ -221,7 +224,16 @@ class Owned:
                 child.close()
             changed()
             self._raw = None
+            exports = list(self._exports)
+            if exports:      # the one rule of every close: live exports keep the memory
+                hand_over(self, exports)
             free_now(self._finalizer)
+
+    def export_to(self, token: Any) -> None:
+        """Register a zero-copy export `token` (an object with a ``memory`` list) of memory
+        this object frees: while it lives, close() leaves that memory to it."""
+        self._exports.add(token)
+        token.memory.append(self)     # (and collection cannot free it under the token)
 
     def _devices(self) -> set[Any]:
         """Raw device handles this object depends on (for closing it with its RPC server)."""

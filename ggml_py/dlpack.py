@@ -77,12 +77,29 @@ _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 
 
+_api.PyErr_Fetch.restype = None
+_api.PyErr_Fetch.argtypes = [ctypes.c_void_p] * 3
+_api.PyErr_Restore.restype = None
+_api.PyErr_Restore.argtypes = [ctypes.c_void_p] * 3
+_FETCH = (ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p())   # (under the GIL)
+_FETCH_REFS = tuple(ctypes.byref(p) for p in _FETCH)
+
+
 @ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # type: ignore[untyped-decorator]
 def _capsule_destructor(capsule: Any) -> None:
-    # a consumer renames the capsule "used_dltensor[_versioned]" and calls the deleter itself
-    for name in (b"dltensor", b"dltensor_versioned"):
-        if _api.PyCapsule_IsValid(capsule, name):
-            _LIVE.pop(_api.PyCapsule_GetPointer(capsule, name), None)
+    # A consumer that refused the capsule (numpy and bf16) destroys it with its exception
+    # set: that exception is put aside while this runs and set again after (else every call
+    # here fails, the export leaks, and the consumer's error becomes a SystemError).
+    _api.PyErr_Fetch(*_FETCH_REFS)      # (first: no Python work before it succeeds)
+    saved = [p.value for p in _FETCH]
+    try:
+        # a consumer renames the capsule "used_dltensor[_versioned]" and calls the deleter
+        # itself; an unconsumed capsule frees its export here
+        for name in (b"dltensor", b"dltensor_versioned"):
+            if _api.PyCapsule_IsValid(capsule, name):
+                _LIVE.pop(_api.PyCapsule_GetPointer(capsule, name), None)
+    finally:
+        _api.PyErr_Restore(*saved)
 
 
 def _cuda_index(t: "Tensor") -> int | None:
