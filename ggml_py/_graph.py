@@ -471,7 +471,7 @@ class Graph:
     def _index_inputs_of(self, nodes: list[Any]) -> list[tuple[Any, int, str]]:
         """The leaves whose values are read as row numbers by the index nodes `nodes`
         (directly or through views and copies: ops.index.index_origin), with their bound."""
-        out = []
+        out: list[tuple[Any, int, str]] = []
         for t in nodes:
             idx, rows, op = self._index_input(t)
             origin = index_origin(idx)

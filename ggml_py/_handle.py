@@ -106,9 +106,26 @@ def _gc_phase(phase: str, info: dict[str, int]) -> None:
 gc.callbacks.append(_gc_phase)
 
 
+# A forked child cannot run ggml's CPU compute on more than one thread: ggml's OpenMP
+# runtime (libgomp) has no at-fork handler, and its pool of the parent's threads does not
+# exist in the child, which then waits forever. In a child every thread count of ggml_py
+# (each CPU backend's, set through Backend.n_threads) is therefore 1: THREADS_AFTER_FORK, and
+# the backends alive at the fork are set to it (each object with a ``_forked`` method).
+THREADS_AFTER_FORK: int | None = None
+
+
 def _after_fork() -> None:
-    global _collecting       # a fork from another thread during a collection: the child's
-    _collecting = False      # collector never reaches "stop", and every free would queue
+    global _collecting, THREADS_AFTER_FORK
+    _collecting = False      # a fork from another thread during a collection: the child's
+                             # collector never reaches "stop", and every free would queue
+    THREADS_AFTER_FORK = 1
+    for obj in list(LIVE):
+        forked = getattr(obj, "_forked", None)
+        if forked is not None:
+            try:
+                forked()
+            except Exception:    # (closed meanwhile: nothing to set)
+                pass
 
 
 if hasattr(os, "register_at_fork"):
