@@ -20,11 +20,11 @@ def _op(name: str) -> int:
 # The rule for index operands (every op that reads row numbers from a tensor): each value
 # must be provably a row of the table before ggml runs, since ggml asserts on a bad one. Its
 # values come either from leaves, whose values are range-checked at each compute, or from an
-# op whose results are in a known range (argsort/top_k of rows of n: 0..n-1), through ops that
+# op whose results are in a known range (argsort/top_k/argmax of rows of n: 0..n-1), through ops that
 # only move values (views, copies, get_rows of an index table). Anything else is refused when
 # the op is built. index_origin() walks that provenance; ops and Graph both use it.
 _MOVES = {_op(n) for n in ("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT", "CPY", "DUP")} - {-1}
-_RANKS = {_op(n) for n in ("ARGSORT", "TOP_K")} - {-1}
+_RANKS = {_op(n) for n in ("ARGSORT", "TOP_K", "ARGMAX")} - {-1}
 _NONE, _GET_ROWS = int(lib.GGML_OP_NONE), int(lib.GGML_OP_GET_ROWS)
 _INT = {int(lib.GGML_TYPE_I32), int(lib.GGML_TYPE_I64)}
 
@@ -68,7 +68,7 @@ def _index_operand(idx: "Tensor", n_rows: int, what: str) -> None:
             "feed them as an input (range-checked at each compute)")
     bound = origin[1]
     if bound is not None and bound > n_rows:
-        raise InvalidArgument(f"{what}: the indices are ranks in 0..{bound - 1} (argsort/top_k "
+        raise InvalidArgument(f"{what}: the indices are ranks in 0..{bound - 1} (argsort/top_k/argmax "
                               f"of rows of {bound}), past the {n_rows} rows they index")
 
 
