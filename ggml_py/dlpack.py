@@ -78,7 +78,7 @@ _api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 
 
 _api.PyErr_Fetch.restype = None
-_api.PyErr_Fetch.argtypes = None   # (no conversion by type: none may run before the fetch)
+_api.PyErr_Fetch.argtypes = None  # type: ignore[assignment]  # (no conversion by type: none may run before the fetch)
 _api.PyErr_Restore.restype = None
 _api.PyErr_Restore.argtypes = [ctypes.c_void_p] * 3
 _FETCH = (ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p())   # (under the GIL)
