@@ -54,6 +54,17 @@ def test_opaque_buffer_types_are_not_allocated_in():
             expect(errors.UnsupportedError, lambda: ctx.alloc(buft), buft.name, "layout")
             assert not t.is_allocated
         expect(errors.UnsupportedError, lambda: buft.alloc(1 << 16), buft.name)
+        buft._repr_html_() if hasattr(buft, "_repr_html_") else repr(buft)
+    # a GGUF load into the type takes the same path (Context.alloc)
+    import tempfile
+    path = os.path.join(tempfile.mkdtemp(), "w.gguf")
+    ctx = gg.Context(); w = ctx.from_numpy(np.ones((8, 64), np.float32), name="w")
+    ctx.alloc(cpu.backend(1))
+    gg.gguf.write(path, {"a": 1}, {"w": w})
+    f = gg.gguf.read(path)
+    for buft in opaque:
+        expect(errors.UnsupportedError, lambda: f.load(buft), buft.name)
+    assert f.load(cpu.buffer_type)["w"].numpy().sum() == 512
     """)
 
 
