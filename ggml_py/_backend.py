@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _transfer
+from . import _handle
 from ._handle import Owned
 from ._liveness import ensure_alive, free_guard, supports_op
 from ._loader import cstr, ffi, lib
@@ -96,9 +97,21 @@ class Backend(Owned):
                                                 "ggml_backend_set_n_threads_t")
         require(fn is not None, f"backend {self.name} has no thread count to set",
                 UnsupportedError)
+        if _handle.THREADS_AFTER_FORK is not None:    # a forked child: see _handle
+            n = min(int(n), _handle.THREADS_AFTER_FORK)
         with self._lock:
             fn(self.ptr, int(n))
         self._n_threads = int(n)
+
+    def _forked(self) -> None:
+        """In a forked child (``_handle._after_fork``): one thread from now on."""
+        # (not under the lock: a thread of the parent may have held it at the fork)
+        if self._n_threads is not None and self._raw is not None:
+            fn = self._device.registry.proc_address("ggml_backend_set_n_threads",
+                                                    "ggml_backend_set_n_threads_t")
+            if fn is not None:
+                fn(self._raw, 1)
+                self._n_threads = 1
 
     # -- books ------------------------------------------------------------------------------
     def keep_until_synchronized(self, obj: object) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 from ._handle import Owned
 from ._liveness import ensure_alive, free_guard
 from ._loader import cstr, ffi, lib
-from .errors import GGMLError, require
+from .errors import ClosedError, GGMLError, require
 
 if TYPE_CHECKING:
     from ._device import BufferType
@@ -143,6 +143,37 @@ class Buffer(Owned):
         except ImportError:
             return f"<pre>{self!r}</pre>"
         return str(buffer_html(self))
+
+
+class BorrowedBuffer(Buffer):
+    """The buffer holding a tensor, seen through it (``t.buffer``). Its owner (the context's
+    buffer, a scheduler, a graph's allocator) frees it, so it is as alive as that tensor's
+    hold on it: every use asks the tensor again (ClosedError once the context closed, or the
+    tensor no longer has its memory in this buffer), under the context's lock."""
+
+    def __init__(self, raw: Any, buffer_type: "BufferType", tensor: Any) -> None:
+        super().__init__(raw, buffer_type, parents=(tensor.ctx,), owned=False)
+        self._tensor = tensor
+
+    @property
+    def ptr(self) -> Any:
+        raw = super().ptr
+        if self._tensor.ptr.buffer != raw:
+            raise ClosedError("this buffer was freed: the tensor it was taken from no longer "
+                              "has memory in it")
+        return raw
+
+    @property
+    def closed(self) -> bool:
+        try:
+            self.ptr
+        except ClosedError:
+            return True
+        return False
+
+    def clear(self, value: int = 0) -> None:
+        with self._tensor.ctx._lock:      # the owner frees under this lock
+            super().clear(value)
 
 
 def _borrowed(raw: Any) -> None:

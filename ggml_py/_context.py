@@ -289,11 +289,12 @@ class Context(Owned):
         the tokens, which free it when the last export is collected."""
         token = _Export(self)
         self._exports.add(token)
-        for k in self._keep:       # schedulers that placed memory of this context's tensors
-            exports = getattr(k, "_exports", None)
-            if exports is not None and not k.closed:
-                exports.add(token)         # close() hands its memory to the token
-                token.memory.append(k)     # and collection cannot free it under the token
+        # every owner of memory its tensors may sit in: its buffers, and the schedulers and
+        # graphs that placed memory for them (each close() hands its memory to the token)
+        for k in (*self._buffers, *self._keep,
+                  *(a for g in self._keep for a in getattr(g, "_allocs", {}).values())):
+            if isinstance(k, Owned) and not k.closed:
+                k.export_to(token)
         return token
 
     def adopt(self, buffer: Buffer) -> None:
@@ -359,6 +360,7 @@ class Context(Owned):
         else:
             raise InvalidType("alloc: takes a Backend or a BufferType, not "
                               f"{type(backend_or_buffer_type).__name__}")
+        buft.require_plain_bytes("alloc")
         ensure_alive(lib.ggml_backend_buft_get_device(buft.ptr))
         made = []
         with self._lock:

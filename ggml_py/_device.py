@@ -72,6 +72,29 @@ class BufferType(Borrowed):
         p = lib.ggml_backend_buft_get_device(self.ptr)
         return None if p == ffi.NULL else Device._of(p)
 
+    @property
+    def holds_plain_bytes(self) -> bool:
+        """Whether tensors placed here hold ggml's own byte layout, so that they can be set in
+        part and read back. False for a device's *extra* buffer types (the CPU's
+        ``CPU_REPACK``, AMX, KleidiAI): they rearrange each tensor for their kernels when it
+        is written, write whole tensors of the types they repack only, and cannot be read."""
+        dev = lib.ggml_backend_buft_get_device(self.ptr)
+        if dev == ffi.NULL:
+            return True
+        d = Device._of(dev)
+        return self == d.buffer_type or self == d.host_buffer_type or self not in d.buffer_types
+
+    def require_plain_bytes(self, what: str) -> None:
+        """UnsupportedError for a buffer type whose tensors are not plain bytes (see
+        :attr:`holds_plain_bytes`): nothing of ggml_py may place tensors there, since every
+        read and every partial write of one kills the process."""
+        if not self.holds_plain_bytes:
+            raise UnsupportedError(
+                f"{what}: buffer type {self.name} keeps tensors in its kernels' own layout "
+                "(ggml cannot read them back or write them in part); ggml_py places no tensors "
+                f"there: use {Device._of(lib.ggml_backend_buft_get_device(self.ptr)).name}'s "
+                "default buffer type")
+
     def alloc_size(self, tensor: Any) -> int:
         """Bytes a buffer of this type needs for `tensor` (padding included)."""
         return int(lib.ggml_backend_buft_get_alloc_size(self.ptr, tensor.ptr))
@@ -85,6 +108,7 @@ class BufferType(Borrowed):
         if n > self.max_size:
             raise OutOfMemory(f"alloc: {n} bytes exceed buffer type {self.name}'s max size "
                               f"{self.max_size}")
+        self.require_plain_bytes("alloc")
         ensure_alive(lib.ggml_backend_buft_get_device(self.ptr))
         raw = check_ptr(lib.ggml_backend_buft_alloc_buffer(self.ptr, n),
                         f"alloc: {self.name} could not allocate {n} bytes", OutOfMemory)

@@ -27,6 +27,7 @@ from ._liveness import free_guard, second_opinion
 from ._loader import HELPERS, cstr, ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import give_back_rewired, own_sources
+from .ops.index import index_origin
 from .errors import ClosedError, GGMLError, InvalidArgument, InvalidType, UnsupportedError, OutOfMemory, check_ptr, check_status, require
 
 if TYPE_CHECKING:
@@ -393,8 +394,7 @@ class Graph:
             check_status(lib.ggml_backend_view_init(t), "view init")
         if status:
             raise GGMLError(f"compute: preparing the graph failed (status {status})")
-        if self._index_inputs is None:
-            self._index_inputs = [self._index_input(index_out[i]) for i in range(res.n_index)]
+        self._indices()      # (every index node, not only those helpers.c found)
         return bool(res.need_alloc)
 
     def _prepare_in_python(self, backend: "Backend", dev: Any, cpu: Any) -> bool:
@@ -467,7 +467,17 @@ class Graph:
         return self._index_inputs
 
     def _index_inputs_of(self, nodes: list[Any]) -> list[tuple[Any, int, str]]:
-        return [self._index_input(t) for t in nodes if _addr(t.src[1]) not in self._node_set]
+        """The leaves whose values are read as row numbers by the index nodes `nodes`
+        (directly or through views and copies: ops.index.index_origin), with their bound."""
+        out: list[tuple[Any, int, str]] = []
+        for t in nodes:
+            idx, rows, op = self._index_input(t)
+            origin = index_origin(idx)
+            if origin is None or (origin[1] is not None and origin[1] > rows):
+                raise InvalidArgument(f"{op}: its indices have no known range (computed by op "
+                                      f"{cstr(lib.ggml_op_desc(idx))}); feed them as an input")
+            out.extend((leaf, rows, op) for leaf in origin[0])
+        return out
 
     @staticmethod
     def _index_input(t: Any) -> tuple[Any, int, str]:

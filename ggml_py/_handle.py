@@ -106,9 +106,26 @@ def _gc_phase(phase: str, info: dict[str, int]) -> None:
 gc.callbacks.append(_gc_phase)
 
 
+# A forked child cannot run ggml's CPU compute on more than one thread: ggml's OpenMP
+# runtime (libgomp) has no at-fork handler, and its pool of the parent's threads does not
+# exist in the child, which then waits forever. In a child every thread count of ggml_py
+# (each CPU backend's, set through Backend.n_threads) is therefore 1: THREADS_AFTER_FORK, and
+# the backends alive at the fork are set to it (each object with a ``_forked`` method).
+THREADS_AFTER_FORK: int | None = None
+
+
 def _after_fork() -> None:
-    global _collecting       # a fork from another thread during a collection: the child's
-    _collecting = False      # collector never reaches "stop", and every free would queue
+    global _collecting, THREADS_AFTER_FORK
+    _collecting = False      # a fork from another thread during a collection: the child's
+                             # collector never reaches "stop", and every free would queue
+    THREADS_AFTER_FORK = 1
+    for obj in list(LIVE):
+        forked = getattr(obj, "_forked", None)
+        if forked is not None:
+            try:
+                forked()
+            except Exception:    # (closed meanwhile: nothing to set)
+                pass
 
 
 if hasattr(os, "register_at_fork"):
@@ -193,6 +210,9 @@ class Owned:
         # `guard` (optional) says whether freeing is still safe: ggml's RPC client aborts the
         # process when it frees remote memory of a server that has died.
         self._finalizer = finalize(self, _release, free, raw, self._kind, guard)
+        # zero-copy exports (numpy views, DLPack capsules: objects with a ``memory`` list)
+        # reading memory this object frees: close() then hands its free to them (hand_over)
+        self._exports: "weakref.WeakSet[Any]" = weakref.WeakSet()
         LIVE.add(self)
         for p in self._parents:
             p._children.add(self)
@@ -221,7 +241,16 @@ class Owned:
                 child.close()
             changed()
             self._raw = None
+            exports = list(self._exports)
+            if exports:      # the one rule of every close: live exports keep the memory
+                hand_over(self, exports)
             free_now(self._finalizer)
+
+    def export_to(self, token: Any) -> None:
+        """Register a zero-copy export `token` (an object with a ``memory`` list) of memory
+        this object frees: while it lives, close() leaves that memory to it."""
+        self._exports.add(token)
+        token.memory.append(self)     # (and collection cannot free it under the token)
 
     def _devices(self) -> set[Any]:
         """Raw device handles this object depends on (for closing it with its RPC server)."""

@@ -79,7 +79,9 @@ class Scheduler(Owned):
         self._graph_size = int(graph_size)
         # (graph, raw tensors whose memory the scheduler placed, every node's own sources)
         self._placed: list[tuple[Graph, list[Any], list[tuple[Any, list[Any]]]]] = []
-        self._pins: list[tuple[Any, Backend]] = []   # from set_backend, applied at each alloc
+        # from set_backend (tensor address -> (tensor, backend)), applied at each alloc to the
+        # graph's own tensors
+        self._pins: dict[int, tuple[weakref.ref[Any], Any, Backend]] = {}
         # zero-copy exports (numpy views, DLPack) of memory it may have placed: close() leaves
         # its buffers to them (Context.export registers them here)
         self._exports: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -135,18 +137,37 @@ class Scheduler(Owned):
             raise GGMLError("ggml_backend_sched_reserve failed (out of memory?)")
         self._measured = weakref.ref(graph)
 
+    def _member(self, backend: Any, what: str) -> Backend:
+        """`backend`, one of this scheduler's (ggml aborts on any other): the one rule for
+        every method that takes a backend."""
+        require(isinstance(backend, Backend), f"{what}: expected a Backend, not "
+                                              f"{type(backend).__name__}", InvalidType)
+        require(any(b is backend for b in self.backends),
+                f"{what}: backend {backend.name if not backend.closed else '(closed)'} is not "
+                f"one of the scheduler's {[b.name for b in self.backends]}")
+        member: Backend = backend
+        return member
+
     def set_backend(self, tensor: Any, backend: Backend) -> None:
         """Pin the node `tensor` to `backend` (one of the scheduler's) for the graphs computed
-        from now on, until :meth:`reset` (ggml forgets pins at each of its resets; they are
-        applied again before every allocation)."""
-        require(any(b is backend for b in self.backends), "backend is not one of the scheduler's")
-        lib.ggml_backend_sched_set_tensor_backend(self.ptr, tensor.ptr, backend.ptr)
-        self._pins.append((tensor, backend))
+        from now on, until :meth:`reset`. Pins are kept here, one per tensor, and given to
+        ggml at each allocation for the tensors of the graph being placed only (ggml keeps
+        them in a hash set sized for one graph, and aborts when it overflows)."""
+        self._member(backend, "set_backend")
+        tensor.ptr                     # (ClosedError once its context closed)
+        # (the context weakly: a pin does not keep an old graph's tensors alive; a pin whose
+        # context died or closed is dropped, its address may be reused)
+        self._pins[_addr(tensor.ptr)] = (weakref.ref(tensor.ctx), tensor.ptr, backend)
         self._forget()                 # the next compute splits the graph again
 
     def backend_of(self, tensor: Any) -> Backend | None:
         p = lib.ggml_backend_sched_get_tensor_backend(self.ptr, tensor.ptr)
-        return next((b for b in self.backends if b.ptr == p), None)
+        found = next((b for b in self.backends if b.ptr == p), None)
+        if found is None:
+            pin = self._pins.get(_addr(tensor.ptr))
+            if pin is not None and pin[0]() is tensor.ctx:
+                return pin[2]
+        return found
 
     def alloc(self, graph: Graph) -> None:
         """Split `graph` and allocate its nodes (and its unallocated inputs marked with
@@ -163,7 +184,7 @@ class Scheduler(Owned):
         addrs, _, _, other = graph.node_memory()
         graph.let_go(addrs, other)
         lib.ggml_backend_sched_reset(self.ptr)
-        self._apply_pins()
+        self._apply_pins(graph)
         entries = list(graph.walk())
         nodes = [t for t, is_node in entries if is_node]
         placed = [t for t, _ in entries if t.data == ffi.NULL]
@@ -177,7 +198,7 @@ class Scheduler(Owned):
             # transpose, cont after another 3-node graph gave wrong values). A different graph
             # is measured first, then the pins applied again (measuring resets them).
             self._measure(graph, sources)
-            self._apply_pins()
+            self._apply_pins(graph)
         self._measured = weakref.ref(graph)
         self._placed.append((graph, placed, sources))
         graph.scheduler = self
@@ -285,9 +306,17 @@ class Scheduler(Owned):
         for b in self.backends:
             b.ensure_alive()
 
-    def _apply_pins(self) -> None:
-        for t, b in self._pins:
-            lib.ggml_backend_sched_set_tensor_backend(self.ptr, t.ptr, b.ptr)
+    def _apply_pins(self, graph: Graph) -> None:
+        if not self._pins:
+            return
+        for a, (ctx, p, b) in list(self._pins.items()):
+            c = ctx()
+            if c is None or c.closed:
+                del self._pins[a]      # (its tensor is gone: the address may be reused)
+        mine = {_addr(p) for p, _ in graph.walk()}
+        for a, (_, p, b) in self._pins.items():
+            if a in mine:
+                lib.ggml_backend_sched_set_tensor_backend(self.ptr, p, b.ptr)
 
     def reset(self) -> None:
         """Drop the current allocation (the tensors it placed lose their memory) and the
@@ -305,6 +334,7 @@ class Scheduler(Owned):
         return int(lib.ggml_backend_sched_get_n_copies(self.ptr))
 
     def buffer_size(self, backend: Backend) -> int:
+        self._member(backend, "buffer_size")
         return int(lib.ggml_backend_sched_get_buffer_size(self.ptr, backend.ptr))
 
     def give_back_sources(self, contexts: Any = None) -> None:

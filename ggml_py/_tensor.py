@@ -64,8 +64,13 @@ class Tensor(TensorBase):
 
     def set_input(self) -> None:
         """Mark the tensor as a graph input (``ggml_set_input``): a scheduler then allocates
-        it when it has no memory, the way llama.cpp feeds its inputs."""
-        lib.ggml_set_input(self.ptr)
+        it when it has no memory, the way llama.cpp feeds its inputs. Leaves only (ggml's
+        rule: a view or an op result is computed, not fed)."""
+        p = self.ptr
+        require(int(p.op) == int(lib.GGML_OP_NONE),
+                f"set_input: {self.name or '(unnamed)'} is the result of op {self.op}, not a "
+                "leaf; mark the tensor it is computed from, or feed a new tensor")
+        lib.ggml_set_input(p)
 
     # -- data in and out --------------------------------------------------------------------
     def set(self, array: Any, offset: int = 0) -> None:

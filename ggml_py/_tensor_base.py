@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _types as T
-from ._buffer import Buffer
+from ._buffer import Buffer, BorrowedBuffer
 from ._device import BufferType
 from ._liveness import buffer_device, ensure_alive
 from ._loader import cstr, ffi, lib
@@ -230,7 +230,7 @@ class TensorBase:
         b = self.ptr.buffer
         if b == ffi.NULL:
             return None
-        return Buffer(b, BufferType(lib.ggml_backend_buffer_get_type(b)), owned=False)
+        return BorrowedBuffer(b, BufferType(lib.ggml_backend_buffer_get_type(b)), self)
 
     @property
     def is_host(self) -> bool:

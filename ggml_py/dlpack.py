@@ -18,6 +18,9 @@ cannot become a ggml tensor without a copy; :func:`from_dlpack` says so.
 from __future__ import annotations
 
 import ctypes
+import gc
+import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 import cffi
@@ -72,17 +75,54 @@ _api = ctypes.pythonapi
 _api.PyCapsule_New.restype = ctypes.py_object
 _api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 _api.PyCapsule_IsValid.restype = ctypes.c_int
-_api.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # type: ignore[untyped-decorator]
-def _capsule_destructor(capsule: Any) -> None:
-    # a consumer renames the capsule "used_dltensor[_versioned]" and calls the deleter itself
-    for name in (b"dltensor", b"dltensor_versioned"):
-        if _api.PyCapsule_IsValid(capsule, name):
-            _LIVE.pop(_api.PyCapsule_GetPointer(capsule, name), None)
+# Capsules are made without a destructor: a consumer that refuses one (numpy and bf16)
+# destroys it with its exception set, and Python code run then (a ctypes or cffi callback)
+# fails: the export leaked and the consumer's error became a SystemError. Instead this module
+# holds each capsule it made and sweeps them in plain Python (at the next export and after
+# each collection): a capsule no one else holds any more either was consumed (renamed
+# "used_dltensor[_versioned]": the consumer calls the deleter) or not (its export is freed).
+_HELD: dict[int, Any] = {}                 # DLManagedTensor address -> its capsule
+_SWEEP = threading.Lock()
+
+
+def _refs_of_unheld() -> int:
+    d = {0: _api.PyCapsule_New(1, b"probe", None)}
+    return sys.getrefcount(d[0])           # (what the sweep reads for a capsule held here only)
+
+
+_UNHELD = _refs_of_unheld()
+
+
+def _sweep() -> None:
+    if not _SWEEP.acquire(blocking=False):  # (a collection during a sweep: the next one)
+        return
+    try:
+        for addr in list(_HELD):
+            if sys.getrefcount(_HELD[addr]) > _UNHELD:
+                continue                         # the consumer (or the user) still holds it
+            cap = _HELD.pop(addr)
+            for name in (b"dltensor", b"dltensor_versioned"):
+                if _api.PyCapsule_IsValid(cap, name):   # never consumed: free its export
+                    _LIVE.pop(addr, None)
+            del cap
+    finally:
+        _SWEEP.release()
+
+
+def _after_collection(phase: str, info: dict[str, int]) -> None:
+    if phase == "stop" and _HELD:
+        try:
+            _sweep()
+        except Exception:                        # never raise from the collector
+            pass
+
+
+gc.callbacks.append(_after_collection)
 
 
 def _cuda_index(t: "Tensor") -> int | None:
@@ -137,9 +177,12 @@ def capsule(t: "Tensor", max_version: Any = None) -> Any:
     dlt.dtype.code, dlt.dtype.bits, dlt.dtype.lanes = code[0], code[1], 1
     dlt.shape, dlt.strides, dlt.byte_offset = shape, strides, 0
     addr = int(_dl.cast("uintptr_t", m))
+    _sweep()
     _LIVE[addr] = (m, shape, strides, t.ctx.export())   # the memory outlives ctx.close()
     name = b"dltensor_versioned" if versioned else b"dltensor"
-    return _api.PyCapsule_New(addr, name, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+    cap = _api.PyCapsule_New(addr, name, None)
+    _HELD[addr] = cap
+    return cap
 
 
 def from_dlpack(obj: Any, ctx: "Context", name: str | None = None) -> "Tensor":

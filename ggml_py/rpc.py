@@ -322,6 +322,14 @@ def connect(endpoint: str, timeout: float = 5.0) -> Registry:
     if endpoint in _connected:
         return _connected[endpoint]
     hello(endpoint, timeout)
+    # ggml's client then opens connections of its own and aborts the process when one is
+    # refused or hung up: the server must also answer on a fresh connection after ours closed
+    # (a peer that answers HELLO once and then closes every connection is refused here)
+    try:
+        hello(endpoint, timeout)
+    except RPCError as e:
+        raise RPCError(f"{endpoint} answered ggml's HELLO once, then failed on a new "
+                       f"connection ({e}); ggml's client would abort the process") from None
     if old_rpc_api():
         return _connect_one_device(endpoint)
     add_server = backend_fn("ggml_backend_rpc_add_server", "ggml_backend_reg_t (*)(const char *)")
