@@ -153,6 +153,8 @@ def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name:
     w = _Walk(buf, size if avail is None else avail, size)
     if size < 24:
         raise Malformed(f"truncated: {size} bytes, a GGUF header takes 24")
+    if w.end < 24:
+        raise NeedMore(24)
     magic = bytes(buf[0:4])
     if magic != MAGIC:
         raise Malformed(f"not a GGUF file: magic {magic!r}, expected {MAGIC!r}")

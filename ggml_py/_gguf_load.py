@@ -120,14 +120,22 @@ def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
             report, done = _reporter(progress, f.path, total), 0
             # a buffer type other than the device's own (an extra one, such as CPU_REPACK)
             # gets each tensor in one piece: such buffers may take no partial writes
-            step = CHUNK if dev is not None and buft == dev.buffer_type else 1 << 62
-            chunk = np.empty(min(max(ti.nbytes for ti in infos), step), np.uint8)
+            own = dev is not None and buft == dev.buffer_type
+            step = CHUNK if own else 1 << 62
+            # the device's own host memory takes the file's bytes directly (one copy); other
+            # memory through a chunk and Tensor.set
+            direct = own and buft.is_host
+            chunk = None if direct else np.empty(min(max(ti.nbytes for ti in infos), step), np.uint8)
             for ti in infos:
                 t = tensors[ti.name]
                 for o in range(0, ti.nbytes, step):
                     n = min(step, ti.nbytes - o)
-                    f._read_into(chunk[:n], ti.offset + o)   # pread: no mapping to fault
-                    t.set(chunk[:n], o)
+                    if chunk is None:
+                        into = np.frombuffer(ffi.buffer(ffi.cast("char *", t.data) + o, n), np.uint8)
+                        f._read_into(into, ti.offset + o)     # pread: no mapping to fault
+                    else:
+                        f._read_into(chunk[:n], ti.offset + o)
+                        t.set(chunk[:n], o)
                     done += n
                     if report is not None:
                         report(done, total)

@@ -147,6 +147,10 @@ def _open_regular(path: str) -> BinaryIO:
         raise
 
 
+#: bytes read for the header at first (a 256k-token vocabulary's header is about 8 MiB): the
+#: walk starts again on more when the header is longer
+HEAD = 16 << 20
+
 #: arrays longer than this are read from ggml when first used (a vocabulary's 100k+ strings)
 LAZY = 1024
 
@@ -234,9 +238,9 @@ class GGUFFile(Owned):
 
     def _read_header(self, size: int) -> tuple[bytes, chk.Layout]:
         """The header (key-values and tensor infos, up to the data section), read with pread
-        in growing pieces, and its layout."""
+        (:data:`HEAD` bytes, then four times more while the walk needs more), and its layout."""
         assert self._file is not None
-        fd, want = self._file.fileno(), min(size, 1 << 20)
+        fd, want = self._file.fileno(), min(size, HEAD)
         head = b""
         while True:
             if len(head) < want:

@@ -262,6 +262,41 @@ def test_a_file_truncated_while_loading_raises(tmp_path):
     assert "refused True" in out
 
 
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(24, 3000))
+def test_a_header_read_in_pieces_reads_as_a_whole(tmp_path_factory, monkeypatch, head):
+    """The header is read with pread in growing pieces: every first piece size, whatever
+    field it cuts, gives what one read of the whole file gives."""
+    p = tmp_path_factory.getbasetemp() / "pieces.gguf"
+    if not p.exists():
+        gguf.write(p, {"general.name": "pieces", "tokens": [f"t{i}" * (i % 7) for i in range(300)],
+                       "ids": np.arange(500, dtype=np.int64), "f": 0.25},
+                   {"a": np.ones((3, 40), np.float32), "b": np.arange(7, dtype=np.int32)})
+    with gguf.read(p) as f:
+        whole = (dict(f.metadata), f.metadata_types, f.tensors, f.data_offset)
+    monkeypatch.setattr(gguf, "HEAD", head)
+    with gguf.read(p) as f:
+        got = (dict(f.metadata), f.metadata_types, f.tensors, f.data_offset)
+    assert got[1:] == whole[1:]
+    assert got[0].keys() == whole[0].keys()
+    for k in whole[0]:
+        np.testing.assert_array_equal(got[0][k], whole[0][k])
+
+
+def test_a_header_cut_just_before_the_data_section(tmp_path, monkeypatch):
+    """A first piece that ends between the tensor infos and the padded data section: ggml
+    seeks to the data section, so the piece is completed to it."""
+    p = tmp_path / "pad.gguf"
+    gguf.write(p, {"general.alignment": 256, "k": "v"}, {"a": np.ones(5, np.float32)})
+    with gguf.read(p) as f:
+        start = f.data_offset
+    for head in range(start - 255, start + 1):
+        monkeypatch.setattr(gguf, "HEAD", head)
+        with gguf.read(p) as f:
+            assert f.data_offset == start and f.metadata["k"] == "v"
+
+
 def test_zero_copy_is_asked_for(tmp_path):
     """Copy by default; ``copy=False`` still maps the file (its contract: keep it unchanged)."""
     p = tmp_path / "m.gguf"
