@@ -526,4 +526,5 @@ def _backward_checked(out: Tensor, params: list[Tensor], what: str) -> list[Tens
     return tensors
 
 
-__all__ = ["Dataset", "Optimizer", "Result", "gradients", "LOSSES", "OPTIMIZERS", "BACKWARD_OPS"]
+__all__ = ["Dataset", "Optimizer", "Result", "NonFiniteError", "gradients", "LOSSES", "OPTIMIZERS",
+           "BACKWARD_OPS"]
