@@ -494,6 +494,8 @@ def _check_model(backends: list[Backend], inputs: Tensor, params: list[Tensor],
         if t.data is None:
             continue
         buf = t.ptr.buffer
+        if buf == ffi.NULL:         # (a view ggml has not given its source's buffer yet:
+            continue                # its source is judged)
         ensure_alive(buffer_device(buf))
         buft = lib.ggml_backend_buffer_get_type(buf)
         if not any(lib.ggml_backend_supports_buft(b.ptr, buft) for b in backends):
