@@ -38,6 +38,11 @@ class Malformed(Exception):
     """What is wrong, without the file name (the caller adds it)."""
 
 
+class NeedMore(Exception):
+    """The walk reached the end of the bytes given, before the end of the file: read more
+    and walk again (the header is read in growing pieces, never mapped)."""
+
+
 @dataclass(frozen=True)
 class KV:
     key: str
@@ -75,15 +80,17 @@ def _pad(n: int, a: int) -> int:
 class _Walk:
     """A cursor over the file's bytes that refuses to read past the end."""
 
-    __slots__ = ("buf", "pos", "end")
+    __slots__ = ("buf", "pos", "end", "size")
 
-    def __init__(self, buf: Any, size: int) -> None:
-        self.buf, self.pos, self.end = buf, 0, size
+    def __init__(self, buf: Any, avail: int, size: int) -> None:
+        self.buf, self.pos, self.end, self.size = buf, 0, avail, size
 
     def need(self, n: int, what: str) -> None:
         if n > self.end - self.pos:
+            if n <= self.size - self.pos:
+                raise NeedMore(self.pos + n)
             raise Malformed(f"truncated: {what} needs {n} bytes at offset {self.pos}, "
-                            f"the file has {self.end - self.pos} left")
+                            f"the file has {self.size - self.pos} left")
 
     def fixed(self, st: struct.Struct, what: str) -> int:
         self.need(st.size, what)
@@ -114,8 +121,10 @@ class _Walk:
         except struct.error:     # fewer than 8 bytes left for a length
             pos = end + 1
         if pos > end:
+            if end < self.size:
+                raise NeedMore(max(pos, end + 1))
             raise Malformed(f"truncated: {what} runs past the end of the file at string {i} of {n}")
-        if end > MAX_STRING:     # a file this large could hold a string over ggml's limit
+        if self.size > MAX_STRING:     # a file this large could hold a string over ggml's limit
             p = start
             for i in range(n):
                 ln = unpack(buf, p)[0]
@@ -136,12 +145,16 @@ def _short(s: str, limit: int = 60) -> str:
 
 
 def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name: int = 64,
-         max_dims: int = 4, max_version: int = 3) -> Layout:
-    """Walk the GGUF structure in `buf` (`size` bytes). `traits`: ggml type id ->
-    (name, block size, type size) for the types this release knows. Raises Malformed."""
-    w = _Walk(buf, size)
+         max_dims: int = 4, max_version: int = 3, avail: int | None = None) -> Layout:
+    """Walk the GGUF structure in `buf` (the first `avail` bytes of a file of `size` bytes;
+    all of it by default). `traits`: ggml type id -> (name, block size, type size) for the
+    types this release knows. Raises Malformed, or NeedMore when `buf` ends before the
+    header does."""
+    w = _Walk(buf, size if avail is None else avail, size)
     if size < 24:
         raise Malformed(f"truncated: {size} bytes, a GGUF header takes 24")
+    if w.end < 24:
+        raise NeedMore(24)
     magic = bytes(buf[0:4])
     if magic != MAGIC:
         raise Malformed(f"not a GGUF file: magic {magic!r}, expected {MAGIC!r}")

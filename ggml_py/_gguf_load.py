@@ -1,4 +1,5 @@
-"""GGUFFile.load: tensors onto a backend, without a copy where the memory allows."""
+"""GGUFFile.load: tensors onto a backend; copied by default (read with pread, so a file
+changed under it raises instead of faulting), on a private mapping of the file when asked."""
 from __future__ import annotations
 
 import mmap
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
 import numpy as np
 
 from ._loader import ffi, lib
-from .errors import ClosedError, GGMLError, InvalidArgument, NotFound
+from .errors import GGMLError, InvalidArgument, NotFound
 
 if TYPE_CHECKING:
     from ._device import BufferType, Device
@@ -27,8 +28,9 @@ def _buffer_type(target: Any) -> "tuple[BufferType, Device | None]":
     ggml's CPU buffer type names no device."""
     import ggml_py as gg
     if isinstance(target, gg.Backend):
-        # a backend's default buffer type is its device's
-        return target.device.buffer_type, target.device
+        # the backend's default buffer type, never an extra one (CPU_REPACK): a load picks
+        # no buffer type of its own accord
+        return gg.BufferType(lib.ggml_backend_get_default_buffer_type(target.ptr)), target.device
     if isinstance(target, gg.Device):
         return target.buffer_type, target
     if isinstance(target, gg.BufferType):
@@ -83,7 +85,7 @@ def _reporter(progress: Any, path: str, total: int) -> Progress | None:
 
 
 def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
-         progress: Any) -> "dict[str, Tensor]":
+         progress: Any, copy: bool = True) -> "dict[str, Tensor]":
     import ggml_py as gg
     buft, dev = _buffer_type(target)
     by_name = {ti.name: ti for ti in f.tensors}
@@ -105,9 +107,6 @@ def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
             raise InvalidArgument(f"{f.path}: tensor {ti.name!r} has no elements {ti.shape}; "
                                   "ggml_py tensors have at least one")
     f._unchanged()
-    mapped = f._map
-    if mapped is None:
-        raise ClosedError(f"{f.path}: the file is closed")
     ctx = gg.Context(capacity=len(infos) + 1)
     try:
         tensors: dict[str, Tensor] = {}
@@ -115,15 +114,28 @@ def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
             t = tensors[ti.name] = ctx.tensor(gg.TYPES[ti.type], ti.shape or (1,))
             # the name as the file has it (not always valid UTF-8; shorter than GGML_MAX_NAME)
             lib.ggml_set_name(t.ptr, ti.name.encode("utf-8", "surrogateescape"))
-        if not _zero_copy(f, buft, dev, infos, tensors):
+        if copy or not _zero_copy(f, buft, dev, infos, tensors):
             ctx.alloc(buft)
             total = sum(ti.nbytes for ti in infos)
             report, done = _reporter(progress, f.path, total), 0
+            # a buffer type other than the device's own (an extra one, such as CPU_REPACK)
+            # gets each tensor in one piece: such buffers may take no partial writes
+            own = dev is not None and buft == dev.buffer_type
+            step = CHUNK if own else 1 << 62
+            # the device's own host memory takes the file's bytes directly (one copy); other
+            # memory through a chunk and Tensor.set
+            direct = own and buft.is_host
+            chunk = None if direct else np.empty(min(max(ti.nbytes for ti in infos), step), np.uint8)
             for ti in infos:
                 t = tensors[ti.name]
-                for o in range(0, ti.nbytes, CHUNK):
-                    n = min(CHUNK, ti.nbytes - o)
-                    t.set(np.frombuffer(mapped, dtype=np.uint8, count=n, offset=ti.offset + o), o)
+                for o in range(0, ti.nbytes, step):
+                    n = min(step, ti.nbytes - o)
+                    if chunk is None:
+                        into = np.frombuffer(ffi.buffer(ffi.cast("char *", t.data) + o, n), np.uint8)
+                        f._read_into(into, ti.offset + o)     # pread: no mapping to fault
+                    else:
+                        f._read_into(chunk[:n], ti.offset + o)
+                        t.set(chunk[:n], o)
                     done += n
                     if report is not None:
                         report(done, total)

@@ -1,18 +1,33 @@
 """gg.gguf.write: metadata and layout through ggml's gguf API, tensor bytes streamed after it.
 
-Everything ggml would abort on (a duplicate tensor name, general.alignment of another type or
-not a power of 2, a name too long, a row not a whole number of blocks) is refused first.
+Rules, each in one place:
+
+- plan first (:func:`_plan`): every key, value and type is checked and converted in Python
+  before the first C call, so everything ggml would abort on (a duplicate tensor name,
+  general.alignment of another type, not a power of 2 or over u32, a name too long, a row not
+  a whole number of blocks) raises and nothing is written;
+- numbers leave in GGUF's byte order (:func:`_le`, little-endian whatever the array's);
+- narrowing is checked (:func:`_numbers`): an int out of its type's range and a finite float
+  that the type would turn into inf are refused; inferred types widen instead (i32 -> i64 ->
+  u64, f32 -> f64), as gguf-py's do for ints;
+- a Tensor's bytes are read through the tensor layer (``_transfer.blocking_get``: a closed
+  context, a dead RPC server, a buffer the layer refuses raise there);
+- each call writes its own temporary file (:func:`_temporary`) and renames it over `path`:
+  two writers of one path leave one of the two files, whole.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import tempfile
+import threading
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 import numpy as np
 
 from . import _gguf_check as chk
+from . import _transfer
 from ._loader import ffi, lib
 from .errors import GGMLError, InvalidArgument, InvalidType
 
@@ -30,6 +45,21 @@ _NP_NAME: dict[np.dtype[Any], str] = {
     np.dtype(v): k for k, v in {**_INT, **_FLOAT, "bool": np.bool_}.items()}
 _TENSOR_DTYPES = {"float32": "f32", "float16": "f16", "float64": "f64", "int8": "i8",
                   "int16": "i16", "int32": "i32", "int64": "i64"}
+
+
+def _le(a: Any, dtype: Any) -> np.ndarray[Any, Any]:
+    """`a` as a contiguous array of `dtype` in GGUF's byte order (little-endian): the one
+    conversion every number written goes through."""
+    return np.ascontiguousarray(a, dtype=np.dtype(dtype).newbyteorder("<"))
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _float_kind(values: list[Any]) -> str:
+    """f32, or f64 when a finite value would overflow f32 (as ints widen past i32)."""
+    a = np.asarray(values, dtype=np.float64)
+    return "f64" if bool((np.isfinite(a) & (np.abs(a) > _F32_MAX)).any()) else "f32"
 
 
 def _parse_type(key: str, spec: str) -> tuple[str, bool]:
@@ -60,17 +90,17 @@ def _infer(key: str, v: Any) -> tuple[str, bool]:
         v = v[()]
     if isinstance(v, (bool, np.bool_)):
         return "bool", False
-    if isinstance(v, np.generic) and v.dtype in _NP_NAME:
-        return _NP_NAME[v.dtype], False
+    if isinstance(v, np.generic) and v.dtype.newbyteorder("=") in _NP_NAME:
+        return _NP_NAME[v.dtype.newbyteorder("=")], False
     if isinstance(v, int):
         return _int_kind([v]), False
     if isinstance(v, float):
-        return "f32", False
+        return _float_kind([v]), False
     if isinstance(v, (str, bytes)):
         return "str", False
     if isinstance(v, np.ndarray):
-        if v.dtype in _NP_NAME:
-            return _NP_NAME[v.dtype], True
+        if v.dtype.newbyteorder("=") in _NP_NAME:
+            return _NP_NAME[v.dtype.newbyteorder("=")], True
         if v.dtype.kind in "US":
             return "str", True
         v = v.tolist()
@@ -83,7 +113,10 @@ def _infer(key: str, v: Any) -> tuple[str, bool]:
             return _int_kind([int(x) for x in v]), True
         if all(isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
                for x in v):
-            return "f32", True
+            try:
+                return _float_kind([float(x) for x in v]), True
+            except OverflowError:
+                raise InvalidArgument(f"metadata {key!r}: a value is beyond f64's range") from None
         if any(isinstance(x, (list, tuple, np.ndarray)) for x in v):
             raise InvalidType(f"metadata {key!r}: ggml's gguf API has no arrays of arrays")
         raise InvalidType(f"metadata {key!r}: an array mixes types ({type(v[0]).__name__}, ...)")
@@ -102,7 +135,8 @@ def _cstring(key: str, s: Any) -> bytes:
 
 
 def _numbers(key: str, et: str, v: Any, is_arr: bool) -> np.ndarray[Any, Any]:
-    """The values as a 1-D array of `et` (bool as bytes), range- and kind-checked."""
+    """The values as a 1-D little-endian array of `et` (bool as bytes), kind-checked, and
+    refused where the conversion would change a value (the narrowing rule)."""
     seq = v if is_arr else [v]
     if isinstance(seq, np.ndarray):
         if seq.ndim != 1:
@@ -125,13 +159,18 @@ def _numbers(key: str, et: str, v: Any, is_arr: bool) -> np.ndarray[Any, Any]:
         if et in _FLOAT and not all(isinstance(x, (int, float, np.integer, np.floating))
                                     and not isinstance(x, (bool, np.bool_)) for x in items):
             raise InvalidType(f"metadata {key!r}: {et} takes numbers")
-        a = np.array([int(x) for x in items], dtype=object) if ints else \
-            np.array(items, dtype=np.float64)
+        if ints and et in _INT:
+            a = np.array([int(x) for x in items], dtype=object)
+        else:
+            try:
+                a = np.array([float(x) for x in items], dtype=np.float64)
+            except OverflowError:
+                raise InvalidArgument(f"metadata {key!r}: a value is beyond f64's range") from None
     kind = a.dtype.kind
     if et == "bool":
         if kind != "b":
             raise InvalidType(f"metadata {key!r}: bool values must be True/False")
-        return np.ascontiguousarray(a, dtype=np.bool_).view(np.uint8)
+        return _le(a, np.bool_).view(np.uint8)
     if et in _INT:
         if kind not in "iuO":
             raise InvalidType(f"metadata {key!r}: {et} takes integers, not {a.dtype}")
@@ -139,40 +178,75 @@ def _numbers(key: str, et: str, v: Any, is_arr: bool) -> np.ndarray[Any, Any]:
         if a.size and (int(a.min()) < info.min or int(a.max()) > info.max):
             raise InvalidArgument(f"metadata {key!r}: a value is out of {et}'s range "
                                   f"[{info.min}, {info.max}]")
-        return np.ascontiguousarray(a.astype(_INT[et]) if kind == "O" else a, dtype=_INT[et])
+        return _le(a.astype(_INT[et]) if kind == "O" else a, _INT[et])
     if kind not in "iuf":
         raise InvalidType(f"metadata {key!r}: {et} takes numbers, not {a.dtype}")
-    return np.ascontiguousarray(a, dtype=_FLOAT[et])
+    with np.errstate(over="ignore"):
+        out = _le(a, _FLOAT[et])
+    grew = ~np.isfinite(out) & np.isfinite(a)
+    if grew.any():
+        bad = a[grew][0]
+        raise InvalidArgument(f"metadata {key!r}: {bad!r} is beyond {et}'s range "
+                              f"(give types={{{key!r}: '{'arr[f64]' if is_arr else 'f64'}'}})")
+    return out
 
 
-def _set_kv(gctx: Any, key: str, v: Any, spec: str | None) -> None:
-    if not isinstance(key, str) or not key:
-        raise InvalidArgument(f"metadata keys are non-empty strings, not {key!r}")
-    kb = _cstring("(key)", key)
-    et, is_arr = _parse_type(key, spec) if spec is not None else _infer(key, v)
-    if key == "general.alignment":
-        if (et, is_arr) != ("u32", False) or isinstance(v, bool) \
-                or not isinstance(v, (int, np.integer)) \
-                or not 0 < int(v) < 2**32 or int(v) & (int(v) - 1):
-            raise InvalidArgument(f"general.alignment must be a u32 power of 2, not {v!r}")
+#: one metadata entry, checked and converted: (key bytes, element type, is array, payload);
+#: the payload is a C string (str), a list of C strings (arr[str]) or a little-endian array
+Entry = tuple[bytes, str, bool, Any]
+
+
+def _plan(metadata: dict[str, Any], types: dict[str, str]) -> tuple[list[Entry], int | None]:
+    """Every key, value and type checked and converted before any C call; the alignment
+    (None when not given)."""
+    if not isinstance(metadata, dict):
+        raise InvalidType("metadata must be a dict of key -> value")
+    if not isinstance(types, dict):
+        raise InvalidType("types must be a dict of key -> GGUF type name")
+    plan: list[Entry] = []
+    alignment = None
+    for key, v in metadata.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidArgument(f"metadata keys are non-empty strings, not {key!r}")
+        kb = _cstring("(key)", key)
+        spec = types.get(key)
+        et, is_arr = _parse_type(key, spec) if spec is not None else _infer(key, v)
+        if key == "general.alignment":
+            if (et, is_arr) != ("u32", False) or isinstance(v, (bool, np.bool_)) \
+                    or not isinstance(v, (int, np.integer)) \
+                    or not 0 < int(v) < 2**32 or int(v) & (int(v) - 1):
+                raise InvalidArgument(f"general.alignment must be a u32 power of 2, not {v!r}")
+            alignment = int(v)
+        if et == "str":
+            if not is_arr:
+                plan.append((kb, et, False, _cstring(key, v)))
+                continue
+            if isinstance(v, np.ndarray):
+                v = v.tolist()
+            if not isinstance(v, (list, tuple)):
+                raise InvalidType(f"metadata {key!r}: a list of strings expected")
+            plan.append((kb, et, True, [_cstring(key, s) for s in v]))
+            continue
+        plan.append((kb, et, is_arr, _numbers(key, et, v, is_arr)))
+    return plan, alignment
+
+
+def _apply(gctx: Any, entry: Entry) -> None:
+    """One checked entry into ggml's gguf context."""
+    kb, et, is_arr, payload = entry
     if et == "str":
         if not is_arr:
-            lib.gguf_set_val_str(gctx, kb, _cstring(key, v))
+            lib.gguf_set_val_str(gctx, kb, payload)
             return
-        if isinstance(v, np.ndarray):
-            v = v.tolist()
-        if not isinstance(v, (list, tuple)):
-            raise InvalidType(f"metadata {key!r}: a list of strings expected")
-        keep = [ffi.new("char[]", _cstring(key, s)) for s in v]
+        keep = [ffi.new("char[]", s) for s in payload]
         lib.gguf_set_arr_str(gctx, kb, ffi.new("const char *[]", keep), len(keep))
         return
-    a = _numbers(key, et, v, is_arr)
     tid = chk.TYPE_IDS[et]
     if is_arr:
-        data = ffi.from_buffer("void *", a) if a.size else ffi.NULL
-        lib.gguf_set_arr_data(gctx, kb, tid, data, a.size)
+        data = ffi.from_buffer("void *", payload) if payload.size else ffi.NULL
+        lib.gguf_set_arr_data(gctx, kb, tid, data, payload.size)
     else:
-        x = a[0].item()
+        x = payload[0].item()
         getattr(lib, f"gguf_set_val_{et}")(gctx, kb, bool(x) if et == "bool" else x)
 
 
@@ -181,15 +255,16 @@ def _tensor_source(name: str, v: Any) -> tuple["GGMLType", tuple[int, ...], int,
     import ggml_py as gg
     if isinstance(v, gg.Tensor):
         t, nbytes = v, v.nbytes
-        if t.data is None or not t.is_contiguous:
+        t.require_memory("gguf.write")     # a closed context, a dead server: raise before writing
+        if not t.is_contiguous:
             raise InvalidArgument(f"tensor {name!r}: needs allocated, contiguous memory")
 
         def emit(fh: BinaryIO) -> None:
             tmp = np.empty(min(CHUNK, nbytes), np.uint8)
             for o in range(0, nbytes, CHUNK):
                 n = min(CHUNK, nbytes - o)
-                out = ffi.from_buffer("void *", tmp, require_writable=True)
-                lib.ggml_backend_tensor_get(t.ptr, out, o, n)
+                # the tensor layer's read: its checks (liveness, buffer kinds) run per chunk
+                _transfer.blocking_get(t, tmp[:n], o)
                 fh.write(tmp[:n].data)
         return t.type, tuple(t.ne[:max(t.ndim, 1)]), nbytes, emit
     if isinstance(v, tuple) and len(v) == 3:
@@ -209,7 +284,7 @@ def _tensor_source(name: str, v: Any) -> tuple["GGMLType", tuple[int, ...], int,
             raise InvalidType(f"tensor {name!r}: no ggml type for dtype {v.dtype} (give "
                               "(type, shape, bytes) for other types)")
         gt, shape = gg.TYPES[_TENSOR_DTYPES[v.dtype.name]], v.shape
-        raw = np.ascontiguousarray(v).reshape(-1).view(np.uint8)
+        raw = _le(v, v.dtype).reshape(-1).view(np.uint8)
     else:
         raise InvalidType(f"tensor {name!r}: expected a numpy array, a ggml_py Tensor or "
                           f"(type, shape, bytes), not {type(v).__name__}")
@@ -228,7 +303,7 @@ def _tensor_source(name: str, v: Any) -> tuple["GGMLType", tuple[int, ...], int,
     return gt, ne, nbytes, lambda fh: fh.write(raw.data)
 
 
-def _init(alignment: Any) -> Any:
+def _init(alignment: int | None) -> Any:
     if alignment is None:
         return lib.gguf_init_empty()
     # gguf_set_val_u32("general.alignment") does not change the alignment the writer pads to
@@ -245,11 +320,24 @@ def _init(alignment: Any) -> Any:
         return lib.gguf_init_from_file(f"/dev/fd/{fh.fileno()}".encode(), params[0])
 
 
+_calls = itertools.count()
+
+
+def _temporary(path: str) -> tuple[str, BinaryIO]:
+    """A new file beside `path`, its name unique to this call (process, thread and a counter),
+    created exclusively: no other writer shares it."""
+    while True:
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.{next(_calls)}.part"
+        try:
+            return tmp, open(tmp, "xb")
+        except FileExistsError:
+            continue        # left behind by a process killed while writing: take the next
+
+
 def write(path: str | os.PathLike[str], metadata: dict[str, Any], tensors: Any,
           types: dict[str, str]) -> None:
     path = os.fspath(path)
-    if not isinstance(metadata, dict):
-        raise InvalidType("metadata must be a dict of key -> value")
+    plan, alignment = _plan(metadata, types)
     items = list(tensors.items()) if isinstance(tensors, dict) else list(tensors)
     sources: list[tuple[bytes, GGMLType, tuple[int, ...], int, Emit]] = []
     names: set[str] = set()
@@ -265,11 +353,13 @@ def write(path: str | os.PathLike[str], metadata: dict[str, Any], tensors: Any,
             raise InvalidArgument(f"duplicate tensor name {name!r}")
         names.add(name)
         sources.append((nb, *_tensor_source(name, v)))
-    gctx = _init(metadata.get("general.alignment") if "general.alignment" in metadata else None)
+    gctx = _init(alignment)
+    if gctx == ffi.NULL:
+        raise GGMLError("gguf_init failed")
     mctx = ffi.NULL
     try:
-        for key, v in metadata.items():
-            _set_kv(gctx, key, v, types.get(key))
+        for e in plan:
+            _apply(gctx, e)
         align = int(lib.gguf_get_alignment(gctx))
         overhead = int(lib.ggml_tensor_overhead())
         mctx = lib.ggml_init({"mem_size": overhead * (len(sources) + 1), "mem_buffer": ffi.NULL,
@@ -286,9 +376,9 @@ def write(path: str | os.PathLike[str], metadata: dict[str, Any], tensors: Any,
         if mctx != ffi.NULL:
             lib.ggml_free(mctx)
         lib.gguf_free(gctx)
-    tmp = f"{path}.{os.getpid()}.part"
+    tmp, fh = _temporary(path)
     try:
-        with open(tmp, "wb") as fh:
+        with fh:
             fh.write(ffi.buffer(meta, n))
             for (_, _, _, nbytes, emit), off in zip(sources, offsets):
                 if fh.tell() != n + off:

@@ -268,9 +268,10 @@ class Graph:
         self._fast = None
 
     # -- checks ------------------------------------------------------------------------------
-    def prepare(self, backend: "Backend") -> None:
+    def prepare(self, backend: "Backend", *, place: bool = True) -> None:
         """Validate for `backend` and allocate nodes that have no memory yet (once per
-        backend: later computes of the same graph cost no Python work per node).
+        backend: later computes of the same graph cost no Python work per node); with
+        ``place=False`` validate only (``opt.gradients``: its own allocator places the nodes).
 
         One pass over the nodes, then one over the leafs: views made after their source was
         allocated get the source's buffer (ggml sets their address but not their buffer; the
@@ -293,7 +294,7 @@ class Graph:
         # placed again here, with this graph's (before the checks: they judge the new place)
         mine = self._placed_data if len(self._placed_data) == len(datas) else 0
         released = bool((other & (datas != mine)).any())
-        if released:
+        if released and place:
             self.let_go(addrs, other)
         dev = lib.ggml_backend_get_device(be)
         cpu = second_opinion(dev)             # (RPC devices: the CPU must support it too)
@@ -301,6 +302,8 @@ class Graph:
             need_alloc = self._prepare_in_c(backend, dev, cpu)
         else:
             need_alloc = self._prepare_in_python(backend, dev, cpu)
+        if not place:
+            return
         if need_alloc:
             buft = lib.ggml_backend_get_default_buffer_type(be)
             key = _addr(buft)

@@ -14,8 +14,10 @@ wrong, never reaches a ggml code path that could abort, and never allocates more
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import stat
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -27,7 +29,7 @@ import numpy as np
 from . import _gguf_check as chk
 from ._handle import Owned
 from ._loader import ffi, lib
-from .errors import ClosedError, GGMLError
+from .errors import ClosedError, GGMLError, InvalidType
 
 if TYPE_CHECKING:
     from ._tensor import Tensor
@@ -123,6 +125,32 @@ def _ggml_parse(ptr: Any, size: int, fd: int) -> tuple[Any, str]:
     return raw, "".join(lines).strip()
 
 
+def _open_regular(path: str) -> BinaryIO:
+    """`path` opened for reading, when it is a regular file: a FIFO would block the open (and
+    every read) until some writer came, a device or directory is no GGUF file. Opened
+    without blocking, checked on the descriptor (no race with a rename), then made blocking."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                    else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+            raise GGUFError(f"{path}: not a regular file ({kind}); GGUF files are read from "
+                            "regular files only")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+#: bytes read for the header at first (a 256k-token vocabulary's header is about 8 MiB): the
+#: walk starts again on more when the header is longer
+HEAD = 16 << 20
+
 #: arrays longer than this are read from ggml when first used (a vocabulary's 100k+ strings)
 LAZY = 1024
 
@@ -143,12 +171,16 @@ class Metadata(Mapping[str, Any]):
         except KeyError:
             if key not in self._pending:
                 raise
-        i, span = self._pending[key]
-        if self._owner.closed:
-            raise ClosedError(f"{self._owner.path}: {key!r} was not read before the file was "
-                              "closed (take dict(f.metadata) while it is open)")
-        v = self._values[key] = _value(self._owner.ptr, i, span, self._owner._map)
-        del self._pending[key]
+        owner = self._owner
+        with owner._lock:           # close() takes it too: ggml's context stays while read
+            if key in self._values:          # another thread read it meanwhile
+                return self._values[key]
+            i, span = self._pending[key]
+            if owner.closed:
+                raise ClosedError(f"{owner.path}: {key!r} was not read before the file was "
+                                  "closed (take dict(f.metadata) while it is open)")
+            v = self._values[key] = _value(owner.ptr, i, span, owner._head)
+            del self._pending[key]
         return v
 
     def __iter__(self) -> Iterator[str]:
@@ -179,28 +211,23 @@ class GGUFFile(Owned):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path: str = os.fspath(path)
-        # the file stays open: loads map this very file again, whatever the path names later
-        self._file: BinaryIO | None = open(self.path, "rb")
-        self._map: mmap.mmap | None = None
+        # the file stays open: loads read this very file again, whatever the path names later
+        self._file: BinaryIO | None = _open_regular(self.path)
         try:
             size = os.fstat(self._file.fileno()).st_size
             if size < 24:
                 raise self._error(f"truncated: {size} bytes, a GGUF header takes 24")
-            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-            try:
-                with memoryview(self._map) as view:
-                    layout = chk.scan(view, size, _traits(), int(lib.GGML_MAX_NAME),
-                                      int(lib.GGML_MAX_DIMS), int(lib.GGUF_VERSION))
-            except chk.Malformed as e:
-                raise self._error(str(e)) from None
-            # ggml parses the very bytes just checked (no second read of the file)
-            with ffi.from_buffer("void *", self._map) as ptr:
-                raw, log = _ggml_parse(ptr, size, self._file.fileno())
+            head, layout = self._read_header(size)
+            # ggml parses the very bytes just checked, from private memory (no mapping of a
+            # file someone else may truncate: that would be SIGBUS at the next read)
+            with ffi.from_buffer("void *", head) as ptr:
+                raw, log = _ggml_parse(ptr, len(head), self._file.fileno())
             if raw == ffi.NULL:
                 raise self._error("ggml's parser refused it" + (f": {log}" if log else ""))
         except BaseException:
             self._release_file()
             raise
+        self._head = head
         super().__init__(raw, lib.gguf_free)
         try:
             self._read(raw, layout)
@@ -208,6 +235,38 @@ class GGUFFile(Owned):
             self.close()
             raise
         self.size = size
+
+    def _read_header(self, size: int) -> tuple[bytes, chk.Layout]:
+        """The header (key-values and tensor infos, up to the data section), read with pread
+        (:data:`HEAD` bytes, then four times more while the walk needs more), and its layout."""
+        assert self._file is not None
+        fd, want = self._file.fileno(), min(size, HEAD)
+        head = b""
+        while True:
+            if len(head) < want:
+                head += self._pread(fd, want - len(head), len(head))
+            try:
+                layout = chk.scan(head, size, _traits(), int(lib.GGML_MAX_NAME),
+                                  int(lib.GGML_MAX_DIMS), int(lib.GGUF_VERSION), avail=len(head))
+            except chk.NeedMore as more:
+                want = min(size, max(int(more.args[0]), 4 * len(head)))
+                continue
+            except chk.Malformed as e:
+                raise self._error(str(e)) from None
+            if len(head) < layout.data_offset:      # ggml seeks to the data section's start
+                head += self._pread(fd, layout.data_offset - len(head), len(head))
+            return head, layout
+
+    def _pread(self, fd: int, n: int, offset: int) -> bytes:
+        """`n` bytes at `offset`, or GGUFError when the file ends first (it shrank)."""
+        out = bytearray()
+        while len(out) < n:
+            part = os.pread(fd, n - len(out), offset + len(out))
+            if not part:
+                raise self._error(f"the file changed while it was read (it ends at byte "
+                                  f"{offset + len(out)})")
+            out += part
+        return bytes(out)
 
     def _error(self, what: str) -> GGUFError:
         return GGUFError(f"{self.path}: {what}")
@@ -239,7 +298,7 @@ class GGUFFile(Owned):
             if span.n > LAZY:
                 pending[span.key] = (i, span)
             else:
-                values[span.key] = _value(raw, i, span, self._map)
+                values[span.key] = _value(raw, i, span, self._head)
         self.metadata = Metadata(self, values, pending)
         if int(lib.gguf_get_n_tensors(raw)) != len(layout.tensors):
             raise self._error("ggml and the check disagree on the tensor count")
@@ -258,8 +317,9 @@ class GGUFFile(Owned):
                                            ts.nbytes))
 
     def _private_pages(self) -> mmap.mmap:
-        """A new private copy-on-write mapping of the file, for tensors placed on it: writes
-        to them touch neither the file nor the tensors of another load."""
+        """A new private copy-on-write mapping of the file, for tensors placed on it
+        (``load(copy=False)``): writes to them touch neither the file nor the tensors of
+        another load."""
         return mmap.mmap(self._unchanged().fileno(), 0, access=mmap.ACCESS_COPY)
 
     def _unchanged(self) -> BinaryIO:
@@ -272,37 +332,50 @@ class GGUFFile(Owned):
                             "open it again")
         return self._file
 
+    def _read_into(self, out: np.ndarray[Any, Any], offset: int) -> None:
+        """Fill `out` (uint8) from the file at `offset` with pread: a file that shrank since
+        gives a short read, raised as GGMLError (a mapping would fault)."""
+        fd, view, done = self._unchanged().fileno(), out.data.cast("B"), 0
+        while done < len(view):
+            n = os.preadv(fd, [view[done:]], offset + done)
+            if n <= 0:
+                raise GGMLError(f"{self.path}: the file changed since it was opened (it ends "
+                                f"at byte {offset + done}); open it again")
+            done += n
+
     def _release_file(self) -> None:
-        m, self._map = self._map, None
-        if m is not None:
-            try:
-                m.close()
-            except BufferError:
-                pass    # an array over it is still alive (an upload in another thread)
         fh, self._file = self._file, None
         if fh is not None:
             fh.close()
 
     def close(self) -> None:
-        """Free ggml's context, the file and its mapping (tensors loaded without a copy keep
-        their own mapping)."""
-        super().close()
-        self._release_file()
+        """Free ggml's context and close the file (tensors loaded with ``copy=False`` keep
+        their own mapping). Waits for a use in another thread (a load, a metadata read)."""
+        with self._lock:
+            super().close()
+            self._release_file()
 
     def __getitem__(self, key: str) -> Any:
         return self.metadata[key]
 
     def load(self, target: Any, names: "list[str] | None" = None, *,
-             progress: Any = "auto") -> "dict[str, Tensor]":
-        """Put tensors (all, or those in `names`) on `target`: a Backend, Device or
-        BufferType. Returns ``{name: Tensor}``. Host memory that can wrap a pointer (the
-        CPU) uses the file's mapped bytes without a copy where every tensor is aligned as the
-        buffer type needs; other devices get one buffer, filled in chunks. `progress`: True
+             progress: Any = "auto", copy: bool = True) -> "dict[str, Tensor]":
+        """Put tensors (all, or those in `names`) on `target`: a Backend (its default buffer
+        type), Device (its buffer type) or BufferType. Returns ``{name: Tensor}``. The bytes
+        are copied into one buffer, read from the file in chunks: the tensors do not depend on
+        the file afterwards. ``copy=False`` places them on a private mapping of the file
+        instead where the memory allows (host memory that wraps a pointer, every tensor
+        aligned as it needs): no copy, but the file must then not be truncated or rewritten in
+        place while they live (a mapped page past a new end of file kills the process with
+        SIGBUS; ``gg.gguf.write`` replaces files, it never rewrites them). `progress`: True
         prints a line to stderr, a callable gets ``(bytes_done, bytes_total)``, "auto" prints
         for uploads over 256 MiB."""
         from ._gguf_load import load
-        self.ptr   # refuse a closed file
-        return load(self, target, names, progress)
+        if not isinstance(copy, bool):
+            raise InvalidType(f"load: copy must be True or False, not {copy!r}")
+        with self._lock:            # close() waits for the load to end
+            self.ptr   # refuse a closed file
+            return load(self, target, names, progress, copy)
 
     def __repr__(self) -> str:
         if self.closed:

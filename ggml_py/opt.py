@@ -17,18 +17,25 @@ The inputs and parameters must have memory before the optimizer is made; the ops
 inputs and outputs must not (the optimizer's scheduler places them, with the gradients).
 Parameters are updated in place: after training, ``W.numpy()`` holds the trained values and
 any graph over them computes with them.
+
+Rules, each in one place: :func:`_check_model` refuses when the Optimizer is made what
+ggml-opt asserts on later; :meth:`Optimizer._using` wraps every call into ggml-opt (one thread
+at a time, servers alive); :func:`gradients` runs the checks of a compute (``Graph.prepare``);
+:func:`_finite` keeps NaN and inf out of datasets and reports parameters that become so.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
 from ._handle import Owned
-from ._liveness import endpoint_of
+from ._liveness import buffer_device, endpoint_of, ensure_alive
 from ._loader import ffi, lib
-from .errors import GGMLError, UnsupportedError, check_ptr, check_status, require
+from .errors import (ClosedError, GGMLError, InvalidArgument, UnsupportedError, check_ptr,
+                     check_status, require)
 from .ops._common import RELEASE
 
 if TYPE_CHECKING:
@@ -48,6 +55,19 @@ def _require_opt() -> None:
     from .errors import UnsupportedError
     require(hasattr(lib, "ggml_opt_init") and bool(LOSSES),
             "this ggml release has no ggml-opt (training needs a newer build)", UnsupportedError)
+
+
+class NonFiniteError(GGMLError, FloatingPointError):
+    """Training made a parameter NaN or infinite (the loss ggml reports can stay finite)."""
+
+
+def _finite(a: np.ndarray[Any, Any], what: str) -> None:
+    """InvalidArgument when `a` holds NaN or inf: ggml-opt trains on them without a word."""
+    bad = ~np.isfinite(a)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise InvalidArgument(f"{what}: value {a[where]} at {where} is not finite; ggml's "
+                              "optimizer would turn the parameters into NaN")
 
 
 class Result(NamedTuple):
@@ -106,6 +126,7 @@ def _rows(data: Any, what: str) -> np.ndarray[Any, np.dtype[np.float32]]:
     a: np.ndarray[Any, np.dtype[np.float32]] = np.ascontiguousarray(data, dtype=np.float32)
     require(a.ndim == 2 and a.shape[0] > 0 and a.shape[1] > 0,
             f"{what} must be a non-empty 2-D array (one row per data point), got shape {a.shape}")
+    _finite(a, f"Dataset: {what}")
     return a
 
 
@@ -162,7 +183,9 @@ class Optimizer(Owned):
             require(p.data is not None, f"parameter {p.name or '(unnamed)'} has no memory")
         if loss == "cross_entropy":
             require(outputs.type.name == "f32", "cross entropy needs f32 outputs (logits)")
-        n_nodes = len(_backward_checked(outputs, params, "the outputs"))
+        model = _backward_checked(outputs, params, "the outputs")
+        _check_model(backends, inputs, params, model)
+        n_nodes = len(model)
         require(4 * n_nodes + 64 < GRAPH_SIZE,
                 f"the model has {n_nodes} tensors; ggml-opt's graphs hold {GRAPH_SIZE} slots, "
                 "enough for about a quarter of that with gradients and optimizer steps")
@@ -246,22 +269,61 @@ class Optimizer(Owned):
         `shuffle`), evaluation only on the last `val_split` of it. Returns the training and
         the validation results (None without a validation part)."""
         split = self._split(dataset, val_split, train=True)
-        if shuffle and split:
-            lib.ggml_opt_dataset_shuffle(self.ptr, dataset.ptr, split)
-        train, val = self._run(dataset, split)
+        with self._using("epoch", dataset):
+            if shuffle and split:
+                lib.ggml_opt_dataset_shuffle(self.ptr, dataset.ptr, split)
+            train, val = self._run(dataset, split)
+            self._check_params()
         assert train is not None      # split > 0: at least one batch trained
         return train, val
 
     def evaluate(self, dataset: Dataset) -> Result:
         """Loss and accuracy of the current parameters on all of `dataset` (no step)."""
         self._split(dataset, 0.0, train=False)
-        result = self._run(dataset, 0)[1]
+        with self._using("evaluate", dataset):
+            result = self._run(dataset, 0)[1]
         assert result is not None     # every point is evaluated
         return result
 
     def reset(self, optimizer: bool = True) -> None:
         """Zero the accumulated gradients and, with `optimizer`, the AdamW moments."""
-        lib.ggml_opt_reset(self.ptr, bool(optimizer))
+        with self._using("reset"):
+            lib.ggml_opt_reset(self.ptr, bool(optimizer))
+
+    @contextlib.contextmanager
+    def _using(self, what: str, dataset: "Dataset | None" = None) -> Iterator[None]:
+        """Hold the optimizer (and `dataset`) for one call into ggml-opt: ggml-opt's context
+        takes one caller at a time (a second thread aborts it), so another thread raises
+        here; close() waits for the call to end. Its backends and its tensors' servers must
+        be alive (ggml's RPC client aborts on a dead one)."""
+        if not self._lock.acquire(blocking=False):
+            raise GGMLError(f"{what}: this optimizer is in use by another thread (one call at "
+                            "a time per Optimizer)")
+        try:
+            self.ptr                  # refuse a closed optimizer
+            with contextlib.ExitStack() as stack:
+                if dataset is not None:
+                    stack.enter_context(dataset._lock)   # not freed under the epoch
+                    dataset.ptr
+                self._sched._alive()
+                for p in (self.inputs, *self.params):
+                    p.require_memory(what)
+                yield
+        finally:
+            self._lock.release()
+
+    def _check_params(self) -> None:
+        """NonFiniteError when a step made a parameter NaN or inf (ggml's reported loss can
+        stay finite: it is computed before the step)."""
+        for p in self.params:
+            a = np.empty(p.shape, np.float32)
+            p.ptr
+            lib.ggml_backend_tensor_get(p.ptr, ffi.from_buffer("void *", a, require_writable=True),
+                                        0, a.nbytes)
+            if not np.isfinite(a).all():
+                raise NonFiniteError(f"epoch: parameter {p.name or '(unnamed)'} is not finite "
+                                     "after this epoch's steps (lower the learning rate, or "
+                                     "check the data's scale); its values are kept as they are")
 
     def _split(self, dataset: Dataset, val_split: float, *, train: bool) -> int:
         require(isinstance(dataset, Dataset), "expected an opt.Dataset")
@@ -328,7 +390,7 @@ def gradients(loss: Tensor, params: Iterable[Tensor],
         >>> x, W = ...; loss = gg.sum(gg.mul_mat(W, x) * gg.mul_mat(W, x))   # doctest: +SKIP
         >>> (dW,) = opt.gradients(loss, [W], cpu_backend)    # 2 x^T x W^T, by ggml
     """
-    from . import Backend, Tensor
+    from . import Backend, Graph, Tensor
     params = list(params)
     require(isinstance(loss, Tensor) and loss.size == 1 and loss.type.name == "f32",
             "loss must be a scalar f32 tensor (gg.sum(...), gg.mean(...))")
@@ -339,6 +401,18 @@ def gradients(loss: Tensor, params: Iterable[Tensor],
         require(p.type.name in ("f32", "f16") and p.data is not None,
                 f"parameter {p.name or '(unnamed)'} must be f32 or f16 and have memory")
     tensors = _backward_checked(loss, params, "the loss")
+    # the checks of a compute, by the code that runs them for one (leaves need memory, every
+    # buffer usable by the backend, every op supported, index inputs in range, servers alive)
+    forward = Graph(loss)
+    with backend._lock:
+        backend.ensure_alive()
+        forward.prepare(backend, place=False)
+        forward.check_indices()
+        return _gradients(loss, params, backend, tensors)
+
+
+def _gradients(loss: Tensor, params: list[Tensor], backend: Backend,
+               tensors: list[Tensor]) -> list[np.ndarray[Any, np.dtype[np.float32]]]:
     n = len(tensors)
     size = max(GRAPH_SIZE, 8 * n)
     overhead = int(lib.ggml_tensor_overhead())
@@ -395,6 +469,41 @@ def _result(raw: Any) -> Result:
                   int(ndata[0]))
 
 
+def _check_model(backends: list[Backend], inputs: Tensor, params: list[Tensor],
+                 model: list[Tensor]) -> None:
+    """What ggml-opt asserts on (or its scheduler aborts on) once training starts, refused
+    when the Optimizer is made: the inputs are where ggml_opt_epoch copies each batch (f32,
+    as a Dataset holds, a tensor of their own: not a view or an op result, which
+    ggml_set_input and the static graphs' copy assert on), the parameters are leaves
+    (ggml_set_param asserts), and every tensor of the model that has memory sits in a buffer
+    some backend of the optimizer can use (the scheduler aborts on "a buffer that cannot run
+    the operation"), on a live server."""
+    require(inputs.type.name == "f32",
+            f"Optimizer: the inputs are {inputs.type.name}; ggml's optimizer copies f32 batches "
+            "from the Dataset into them, so they must be f32")
+    require(inputs.op == "NONE" and inputs.ptr.view_src == ffi.NULL,
+            f"Optimizer: the inputs must be a tensor of their own (allocated, not a view or an "
+            f"op result; got op {inputs.op}{', a view' if inputs.ptr.view_src != ffi.NULL else ''})")
+    for p in params:
+        require(p.op == "NONE" and p.ptr.view_src == ffi.NULL,
+                f"Optimizer: parameter {p.name or '(unnamed)'} must be a tensor of its own "
+                f"(not a view or an op result: ggml trains leaves only; got op {p.op})")
+    for t in model:
+        if t.data is None:
+            continue
+        buf = t.ptr.buffer
+        if buf == ffi.NULL:         # (a view ggml has not given its source's buffer yet:
+            continue                # its source is judged)
+        ensure_alive(buffer_device(buf))
+        buft = lib.ggml_backend_buffer_get_type(buf)
+        if not any(lib.ggml_backend_supports_buft(b.ptr, buft) for b in backends):
+            where = ffi.string(lib.ggml_backend_buft_name(buft)).decode(errors="replace")
+            raise InvalidArgument(
+                f"Optimizer: tensor {t.name or '(unnamed)'} is in a {where} buffer, which none "
+                f"of the backends {[b.name for b in backends]} can use: give the optimizer a "
+                "backend of that device (or allocate the model on one of these)")
+
+
 def _backward_checked(out: Tensor, params: list[Tensor], what: str) -> list[Tensor]:
     """The tensors of `out`'s graph, after checking that ggml can differentiate it with
     respect to `params` (ggml_compute_backward aborts on any op it has no rule for)."""
@@ -417,4 +526,5 @@ def _backward_checked(out: Tensor, params: list[Tensor], what: str) -> list[Tens
     return tensors
 
 
-__all__ = ["Dataset", "Optimizer", "Result", "gradients", "LOSSES", "OPTIMIZERS", "BACKWARD_OPS"]
+__all__ = ["Dataset", "Optimizer", "Result", "NonFiniteError", "gradients", "LOSSES", "OPTIMIZERS",
+           "BACKWARD_OPS"]

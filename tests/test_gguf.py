@@ -278,7 +278,7 @@ def _small_file(tmp_path, name="m.gguf", **kw):
 def test_load_cpu_zero_copy_lifetime(tmp_path, cpu_backend):
     p, a, b = _small_file(tmp_path)
     f = gguf.read(p)
-    ts = f.load(cpu_backend)
+    ts = f.load(cpu_backend, copy=False)                 # (copies by default)
     assert list(ts) == ["a", "b"] and ts["a"].shape == (64, 64) and ts["b"].type == gg.i32
     assert ts["a"].buffer.name == "CPU_Mapped"          # the file's pages, not a copy
     f.close()                                            # the mapping stays with the tensors
@@ -298,7 +298,7 @@ def test_load_cpu_zero_copy_lifetime(tmp_path, cpu_backend):
 def test_two_loads_do_not_share_memory(tmp_path, cpu_backend):
     p, a, b = _small_file(tmp_path)
     with gguf.read(p) as f:
-        one, two = f.load(cpu_backend), f.load(cpu_backend)
+        one, two = f.load(cpu_backend, copy=False), f.load(cpu_backend, copy=False)
     one["b"].set(np.full((2, 3), 7, np.int32))
     np.testing.assert_array_equal(two["b"].numpy(), b)
     assert one["b"].numpy()[0, 0] == 7
