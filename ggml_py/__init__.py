@@ -37,7 +37,18 @@ __version__ = "0.1.0"
 # `import ggml_py` finds the build (or raises ImportError saying what to run) and stops there:
 # the library and the modules over it load on first use of any name below (PEP 562), so an
 # import costs milliseconds; the first use pays the rest once (benchmarks/RESULTS.md).
-_where.check()
+try:
+    _where.check()
+except ImportError as _e:
+    import sys as _sys
+    _orig = getattr(_sys, "orig_argv", [])
+    if (_sys.argv[:1] == ["-m"] and "-m" in _orig[:-1]
+            and _orig[_orig.index("-m") + 1].split(".")[0] == __name__):
+        # `python -m ggml_py ...` without a build: one line saying what to run, no traceback
+        print(f"python -m {_orig[_orig.index('-m') + 1]}: {str(_e).removeprefix('ggml_py: ')}",
+              file=_sys.stderr)
+        raise SystemExit(2) from None
+    raise
 
 if TYPE_CHECKING:                  # what type checkers and readers see: the whole face
     from . import ops as ops
@@ -162,8 +173,10 @@ def ggml_commit() -> str:
 def build_info() -> dict[str, _Any]:
     """Facts of the loaded build: folder, release, backends, bindings mode."""
     from ._loader import BUILD, BUILD_DIR
+    from ._api import function_names
+    from ._loader import ffi, lib
     return {"folder": str(BUILD_DIR), "release": BUILD["release"], "backends": BUILD["backends"],
-            "bindings": BUILD["bindings"], "functions": BUILD["functions"]}
+            "bindings": BUILD["bindings"], "functions": len(function_names(ffi, lib))}
 
 
 def __dir__() -> list[str]:

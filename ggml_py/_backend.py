@@ -37,6 +37,16 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _named_after(name: str, device: str) -> str:
+    """A backend's name starts with its device's: ggml's RPC backend is named after the
+    device's index on its server ("RPC0[host:port]" for the device RPC1), so that part is
+    the device's name here ("RPC1[host:port]")."""
+    if name == device or name.startswith(device + "["):
+        return name
+    bracket = name.find("[")
+    return device + (name[bracket:] if bracket >= 0 else "")
+
+
 class Backend(Owned):
     """``ggml_backend_t``. Owned: close() or use ``with``. Keeps what async calls use alive
     (host arrays, tensors, graphs) until :meth:`synchronize`."""
@@ -49,7 +59,7 @@ class Backend(Owned):
         self._device = device
         self._pending: list[object] = []
         self._n_threads: int | None = None
-        self._name = cstr(lib.ggml_backend_name(raw)) or ""
+        self._name = _named_after(cstr(lib.ggml_backend_name(raw)) or "", device.name)
 
     @classmethod
     def _create(cls, device: "Device", *, n_threads: int | None = None,
@@ -143,9 +153,12 @@ class Backend(Owned):
             return tensor.numpy(copy=True)
         return _transfer.blocking_get(tensor, out, offset)
 
-    def set_async(self, tensor: "Tensor", array: Any, offset: int = 0) -> None:
-        """Queue a copy of `array` into `tensor`; `array` is kept alive until synchronize()."""
-        _transfer.set_async(self, tensor, array, offset)
+    def set_async(self, tensor: "Tensor", array: Any, offset: int = 0, *,
+                  flat: bool = False) -> None:
+        """Queue a copy of `array` into `tensor`; `array` is kept alive until synchronize().
+        The array has the tensor's shape, or `flat=True` writes its elements (or raw uint8
+        bytes) in memory order at byte `offset`."""
+        _transfer.set_async(self, tensor, array, offset, flat)
 
     def get_async(self, tensor: "Tensor", out: Any, offset: int = 0) -> np.ndarray:
         """Queue a copy of `tensor` into `out`; valid after synchronize()."""

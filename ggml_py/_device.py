@@ -14,7 +14,7 @@ share this module. What they make (buffers, backends, events) lives in the modul
 from __future__ import annotations
 
 import operator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -33,12 +33,23 @@ for _name in ("CPU", "GPU", "IGPU", "ACCEL", "META"):
     if _v is not None:
         _TYPES[int(_v)] = _name.lower()
 
-class Caps(NamedTuple):
-    """What a device can do (``struct ggml_backend_dev_caps``)."""
-    async_: bool
-    host_buffer: bool
-    buffer_from_host_ptr: bool
-    events: bool
+# the caps are the fields of the release's struct, read from it (a cap a new release adds
+# appears without code); "async" is a Python keyword: ``async_``
+_CAPS_FIELDS = [n for n, _ in ffi.typeof("struct ggml_backend_dev_caps").fields]
+
+if TYPE_CHECKING:
+    class Caps(NamedTuple):
+        """What a device can do: every field of the release's ``ggml_backend_dev_caps``."""
+        async_: bool
+        host_buffer: bool
+        buffer_from_host_ptr: bool
+        events: bool
+        mmap_support: bool      # (0.26.0+)
+else:
+    Caps = NamedTuple("Caps", [("async_" if n == "async" else n, bool) for n in _CAPS_FIELDS])
+    Caps.__doc__ = ("What a device can do: every field of this release's "
+                    "``struct ggml_backend_dev_caps`` (``async_`` for ``async``), e.g. "
+                    + ", ".join(Caps._fields) + ".")
 
 
 _CAPS: dict[int, Caps] = {}    # device handle -> caps (devices live as long as the process)
@@ -187,8 +198,7 @@ class Device(Borrowed):
             ensure_alive(self.ptr)
             lib.ggml_backend_dev_get_props(self.ptr, props)
             c = props.caps
-            _CAPS[key] = Caps(bool(getattr(c, "async")), bool(c.host_buffer),
-                              bool(c.buffer_from_host_ptr), bool(c.events))
+            _CAPS[key] = Caps(*(bool(getattr(c, n)) for n in _CAPS_FIELDS))
         return _CAPS[key]
 
     @property
@@ -339,7 +349,8 @@ def device(key: str | int | None = None, *, type: str | None = None) -> Device:
     if isinstance(key, int):
         if 0 <= key < len(devs):
             return devs[key]
-        raise NotFound(f"no device {key}: there are {len(devs)} ({[d.name for d in devs]})")
+        raise NotFound(f"no device {key}: the devices are {', '.join(d.name for d in devs)} "
+                       f"(indices 0..{len(devs) - 1})")
     for d in devs:
         if d.name == key:
             return d

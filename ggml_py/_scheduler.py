@@ -1,7 +1,7 @@
 """The multi-device scheduler (owned): ``ggml_backend_sched``, one graph split across backends.
 
     >>> sched = gg.Scheduler([rpc_backend, cpu_backend])   # doctest: +SKIP
-    >>> sched.compute(gg.Graph(out)); sched.n_splits, sched.n_copies
+    >>> sched.compute(gg.Graph(out)); sched.n_splits, sched.n_tensor_copies
 
 ggml's rules, checked here first: at most GGML_SCHED_MAX_BACKENDS backends, the last one on a
 CPU device, every backend distinct, every op supported by some backend. Node memory placed by
@@ -88,6 +88,7 @@ class Scheduler(Owned):
         self._node_data: Any = np.zeros(0, np.uint64)
         # the graph ggml's allocator last measured (see _alloc); None: none yet
         self._measured: weakref.ref[Graph] | None = None
+        self._n_tensor_copies = 0      # tensors copied between backends (see n_tensor_copies)
 
     @property
     def graph(self) -> Graph | None:
@@ -186,10 +187,13 @@ class Scheduler(Owned):
         if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
             self._forget()
             raise GGMLError("the scheduler could not allocate the graph (out of memory?)")
+        copied = set()
         for t, srcs in sources:
             if any(a != b for a, b in zip(t.src, srcs)):
+                copied.update(_addr(a) for a, b in zip(t.src, srcs) if a != b)
                 for c in graph.contexts:       # (one of them holds the node)
                     c.rewired[_addr(t)] = (self, srcs)
+        self._n_tensor_copies = len(copied)
         self._wired = True
         self._node_data = graph.placement()      # where it placed each node
         self._epoch = _handle.EPOCH
@@ -298,11 +302,26 @@ class Scheduler(Owned):
 
     @property
     def n_splits(self) -> int:
+        """How many pieces ggml cut the placed graph into, one per change of backend."""
         return int(lib.ggml_backend_sched_get_n_splits(self.ptr))
 
     @property
-    def n_copies(self) -> int:
+    def n_graph_copies(self) -> int:
+        """ggml's number of pipeline copies of the graph's inputs (``sched_get_n_copies``):
+        1, or more with ``parallel=True``. Not the tensors copied between backends: that is
+        :attr:`n_tensor_copies`."""
         return int(lib.ggml_backend_sched_get_n_copies(self.ptr))
+
+    @property
+    def n_copies(self) -> int:
+        """Deprecated name of :attr:`n_graph_copies` (it never counted copied tensors)."""
+        return self.n_graph_copies
+
+    @property
+    def n_tensor_copies(self) -> int:
+        """How many tensors the scheduler copies from one backend to another at each compute
+        of the placed graph (the inputs of its splits); 0 before a graph is placed."""
+        return self._n_tensor_copies
 
     def buffer_size(self, backend: Backend) -> int:
         return int(lib.ggml_backend_sched_get_buffer_size(self.ptr, backend.ptr))

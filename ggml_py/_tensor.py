@@ -101,10 +101,12 @@ class Tensor(TensorBase):
         lib.ggml_set_input(self.ptr)
 
     # -- data in and out --------------------------------------------------------------------
-    def set(self, array: Any, offset: int = 0) -> None:
-        """Copy `array` into the tensor (blocking). The array must match the tensor's dtype and
-        element count (or byte count for raw uint8 data at an offset)."""
-        _transfer.blocking_set(self, array, offset)
+    def set(self, array: Any, offset: int = 0, *, flat: bool = False) -> None:
+        """Copy `array` into the tensor (blocking). The array has the tensor's dtype and shape
+        (numpy order; float32 values of a quantized tensor's shape are quantized). `flat=True`
+        writes a run in memory order instead: the array's elements, of the tensor's dtype, or
+        raw uint8 bytes, at byte `offset`."""
+        _transfer.blocking_set(self, array, offset, flat)
 
     def numpy(self, *, copy: bool | None = None) -> np.ndarray:
         """The tensor's values as a numpy array.

@@ -102,7 +102,22 @@ def _whole(array: Any, t: "Tensor", offset: Any, writable: bool) -> "TypeGuard[n
 _COPY: Any = lib.ggml_py_copy if HELPERS else None
 
 
-def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:
+def _same_shape(t: "Tensor", array: Any, offset: Any, flat: bool, what: str) -> None:
+    """The shape rule of set/set_async: the array has the tensor's shape (numpy order), or
+    the caller says `flat=True` (elements in memory order, raw uint8 bytes, an offset)."""
+    if not flat and (type(array) is not np.ndarray or array.shape != t.shape or offset):
+        shape = array.shape if isinstance(array, np.ndarray) else None
+        if shape is not None and shape == t.shape:
+            raise InvalidArgument(f"{what}: an offset writes a flat run; pass flat=True")
+        if shape is not None:
+            raise InvalidArgument(f"{what}: the array's shape {shape} differs from tensor "
+                                  f"{t.name or '(unnamed)'}'s {t.shape}; reshape it, or pass "
+                                  "flat=True to write its elements (or raw uint8 bytes) in "
+                                  "memory order")
+
+
+def blocking_set(t: "Tensor", array: Any, offset: Any = 0, flat: bool = False) -> None:
+    _same_shape(t, array, offset, flat, "set")
     if _whole(array, t, offset, writable=False):
         with t.ctx._lock:
             buf = ffi.from_buffer("void *", array)
@@ -183,7 +198,9 @@ def _same_device(t: "Tensor", backend: "Backend", role: str, *, strict: bool = F
                           f"backend {backend.name}")
 
 
-def set_async(backend: "Backend", t: "Tensor", array: Any, offset: Any = 0) -> None:
+def set_async(backend: "Backend", t: "Tensor", array: Any, offset: Any = 0,
+              flat: bool = False) -> None:
+    _same_shape(t, array, offset, flat, "set_async")
     with _holding((backend,), (t,)):     # (checks too: a buffer may close meanwhile)
         array, offset = _host_array(t, array, offset, writable=False, what="set_async")
         _same_device(t, backend, "the", strict=True)
