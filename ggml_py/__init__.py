@@ -1,22 +1,20 @@
-"""ggml_py: drive upstream ggml's backend API from Python.
+"""ggml_py: upstream ggml's backend API from Python, with numpy semantics.
 
-    import ggml_py as gg
-    gg.ggml_version()                  # release of the loaded build
-    for d in gg.devices(): print(d.name, d.type, d.caps)
+    import numpy as np, ggml_py as gg
+    be = gg.device("CPU").backend()
+    ctx = gg.Context()
+    a = ctx.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+    ctx.alloc(be)                       # memory, and from_numpy's values
+    y = a * 2 + [1, 2, 3]               # numpy's rules; the list is a constant leaf
+    be.compute(gg.Graph(y)); y.numpy()
 
-Set ``GGML_PY_BUILD`` to a build folder (or its name under ggml_py/lib/) before import to load
-another release; set ``GGML_METAL_DEVICES=N`` (macOS) before the first device lookup to get N
-Metal virtual devices.
+Start with :func:`devices`/:func:`device`, :class:`Context`, :class:`Tensor`,
+:class:`Graph`, :class:`Scheduler`; ggml's ops by their ggml names (``gg.mul_mat``,
+``gg.soft_max``...); modules ``gg.rpc``, ``gg.gguf``, ``gg.opt``, ``gg.dlpack``; the
+generated bindings in ``ggml_py.raw``. ggml's log goes to ``logging.getLogger("ggml")``.
 
-The house, from the loader up (each module imports only modules listed before it):
-``errors`` -> ``_loader`` -> ``_handle`` (owned/borrowed handles) -> ``_metadata`` (the
-ggml contexts of tensor records and graphs, reused) -> ``_liveness`` (RPC servers, by
-endpoint) -> ``_types`` -> ``_buffer`` -> ``_transfer`` -> ``_backend`` ->
-``_event`` -> ``_device`` (registries, devices, buffer types) -> ``_tensor_base`` (tensor
-facts) -> ``ops`` (op builders by family) -> ``_tensor`` (Tensor and its operators) ->
-``_context`` -> ``dlpack`` -> ``_graph`` -> ``_scheduler`` -> ``rpc``/``gguf`` (loaded on
-first use) -> this face. ``ggml_py.raw`` gives the generated bindings. The face is lazy:
-``import ggml_py`` only finds the build (``_where``); the first name used loads the rest.
+``GGML_PY_BUILD`` (a build folder, or its name under ggml_py/lib/) picks another release
+before import. How the package is built inside: docs/architecture.md.
 """
 from __future__ import annotations
 
@@ -74,8 +72,9 @@ _FACE = [
     "Event", "Context", "Tensor", "Graph", "Scheduler", "GGMLType", "TYPES", "quantize",
     "copy", "copy_async", "from_dlpack", "aligned_empty", "GGMLError", "ClosedError",
     "UnsupportedError", "InvalidArgument", "InvalidType", "NotFound", "OutOfMemory",
-    "RPCError", "RPCVersionError", "GGMLWarning", "BUILD", "BUILD_DIR", "ffi", "lib", "ops",
-    "rpc", "gguf", "dlpack"]
+    "RPCError", "RPCVersionError", "GGMLWarning", "BUILD", "BUILD_DIR", "ops",
+    "rpc", "gguf", "dlpack", "opt"]
+# (gg.ffi and gg.lib still work; the raw bindings' own name is ggml_py.raw)
 
 
 def _load() -> None:

@@ -78,11 +78,13 @@ class Backend(Owned):
 
     @property
     def name(self) -> str:
+        """The backend's name, after its device's ("CPU", "RPC1[host:port]")."""
         self.ptr
         return self._name
 
     @property
     def device(self) -> "Device":
+        """The Device this backend runs on."""
         self.ptr
         return self._device
 
@@ -135,9 +137,13 @@ class Backend(Owned):
             self._pending.clear()
 
     def supports_op(self, tensor: "Tensor") -> bool:
+        """Whether this backend can compute `tensor`'s op with its operands' types and shapes
+        (``ggml_backend_supports_op``)."""
         return supports_op(lib.ggml_backend_get_device(self.ptr), tensor.ptr)
 
     def supports_buffer_type(self, buft: "BufferType") -> bool:
+        """Whether this backend can use memory of buffer type `buft`
+        (``ggml_backend_supports_buft``)."""
         return bool(lib.ggml_backend_supports_buft(self.ptr, buft.ptr))
 
     # -- data --------------------------------------------------------------------------------
@@ -191,6 +197,7 @@ class Backend(Owned):
         return {self._device.ptr}
 
     def close(self) -> None:
+        """Free the backend (idempotent); waits for work queued on it first."""
         with self._lock:
             if self._raw is not None and (self._guard is None or self._guard()):
                 lib.ggml_backend_synchronize(self._raw)  # nothing queued may outlive its memory

@@ -52,6 +52,7 @@ class Buffer(Owned):
     def close(self) -> None:
         # the owning context's lock first: a thread setting or computing on tensors of that
         # context holds it, and the memory must not go under it
+        """Free the buffer (idempotent); its tensors read as unallocated afterwards."""
         with contextlib.ExitStack() as stack:
             for p in self._parents:
                 stack.enter_context(p._lock)
@@ -72,6 +73,7 @@ class Buffer(Owned):
 
     @property
     def size(self) -> int:
+        """The buffer's size in bytes."""
         return int(lib.ggml_backend_buffer_get_size(self.ptr))
 
     @property
@@ -81,20 +83,24 @@ class Buffer(Owned):
 
     @property
     def is_host(self) -> bool:
+        """Whether the buffer is plain host memory the CPU reads directly."""
         self.ptr
         return self._is_host
 
     @property
     def buffer_type(self) -> "BufferType":
+        """The BufferType that made this buffer."""
         self.ptr
         return self._buffer_type
 
     @property
     def name(self) -> str:
+        """The buffer's name, as ggml gives it (its buffer type's)."""
         return cstr(lib.ggml_backend_buffer_name(self.ptr)) or ""
 
     @property
     def usage(self) -> str:
+        """What the buffer holds for ggml's schedulers: "any", "weights" or "compute"."""
         u = int(lib.ggml_backend_buffer_get_usage(self.ptr))
         return next(k for k, v in _USAGE.items() if v == u)
 

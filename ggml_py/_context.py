@@ -370,6 +370,7 @@ class Context(Owned):
 
     @property
     def tensors(self) -> list[Tensor]:
+        """Every tensor of the context (inputs, op results, views), in creation order."""
         with self._records():
             raws = [p for raw in self._raws() for p in self._chunk_raw_tensors(raw)]
         return [Tensor(p, self) for p in raws]
@@ -457,6 +458,7 @@ class Context(Owned):
         return set().union(*(b._devices() for b in self._buffers)) if self._buffers else set()
 
     def close(self) -> None:
+        """Free the context and the memory of its tensors (idempotent); graphs over it close first."""
         with self._lock:
             if self._raw is None:
                 return

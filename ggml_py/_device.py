@@ -62,14 +62,17 @@ class BufferType(Borrowed):
 
     @property
     def name(self) -> str:
+        """The buffer type's name ("CPU", "CUDA0", "RPC0[host:port]"...)."""
         return cstr(lib.ggml_backend_buft_name(self.ptr)) or ""
 
     @property
     def alignment(self) -> int:
+        """Alignment in bytes of the tensors it places."""
         return int(lib.ggml_backend_buft_get_alignment(self.ptr))
 
     @property
     def max_size(self) -> int:
+        """The largest buffer it can allocate, in bytes."""
         return int(lib.ggml_backend_buft_get_max_size(self.ptr))
 
     @property
@@ -79,6 +82,7 @@ class BufferType(Borrowed):
 
     @property
     def device(self) -> "Device | None":
+        """The Device it belongs to (None for a host buffer type of no device)."""
         p = lib.ggml_backend_buft_get_device(self.ptr)
         return None if p == ffi.NULL else Device._of(p)
 
@@ -112,10 +116,12 @@ class Registry(Borrowed):
 
     @property
     def name(self) -> str:
+        """The registry's name ("CPU", "RPC", "CUDA"...)."""
         return cstr(lib.ggml_backend_reg_name(self.ptr)) or ""
 
     @property
     def devices(self) -> list["Device"]:
+        """The registry's devices, in its order."""
         n = lib.ggml_backend_reg_dev_count(self.ptr)
         if n == 0 and old_rpc_api() and self.name == "RPC":
             # ggml 0.9.x's RPC registry enumerates nothing: its devices, one per endpoint, are
@@ -168,10 +174,12 @@ class Device(Borrowed):
     # -- properties -------------------------------------------------------------------------
     @property
     def name(self) -> str:
+        """The device's name ("CPU", "CUDA0", "RPC1"...), unique in the process."""
         return cstr(lib.ggml_backend_dev_name(self.ptr)) or ""
 
     @property
     def description(self) -> str:
+        """ggml's description of the device (a processor name, a GPU model, an endpoint)."""
         return cstr(lib.ggml_backend_dev_description(self.ptr)) or ""
 
     @property
@@ -211,6 +219,7 @@ class Device(Borrowed):
 
     @property
     def registry(self) -> Registry:
+        """The Registry that lists this device."""
         return Registry(lib.ggml_backend_dev_backend_reg(self.ptr))
 
     @property
@@ -250,9 +259,12 @@ class Device(Borrowed):
         return supports_op(self.ptr, tensor.ptr)
 
     def supports_buffer_type(self, buft: BufferType) -> bool:
+        """Whether the device can use memory of buffer type `buft`."""
         return bool(lib.ggml_backend_dev_supports_buft(self.ptr, buft.ptr))
 
     def offload_op(self, tensor: Any) -> bool:
+        """Whether ggml's scheduler would move `tensor`'s op to this device although its weights
+        live elsewhere (``ggml_backend_dev_offload_op``)."""
         return bool(lib.ggml_backend_dev_offload_op(self.ptr, tensor.ptr))
 
     def require_events(self) -> None:

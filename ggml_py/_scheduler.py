@@ -98,7 +98,7 @@ class Scheduler(Owned):
     def _check(self, graph: Graph, *, inputs_set: bool) -> None:
         require(isinstance(graph, Graph), f"expected a gg.Graph, not {type(graph).__name__}",
                 InvalidType)
-        graph.require_open()
+        graph._require_open()
         self._alive()
         require(graph.n_nodes <= self._graph_size,
                 f"the graph has {graph.n_nodes} nodes; this scheduler was made for "
@@ -146,6 +146,8 @@ class Scheduler(Owned):
         self._forget()                 # the next compute splits the graph again
 
     def backend_of(self, tensor: Any) -> Backend | None:
+        """The Backend the scheduler placed (or was told to place) `tensor` on; None when not
+        placed."""
         p = lib.ggml_backend_sched_get_tensor_backend(self.ptr, tensor.ptr)
         return next((b for b in self.backends if b.ptr == p), None)
 
@@ -162,7 +164,7 @@ class Scheduler(Owned):
         # nodes another graph's allocator or scheduler placed, for its own graph (where they
         # may share memory with its other nodes), are placed again here
         addrs, _, _, other = graph.node_memory()
-        graph.let_go(addrs, other)
+        graph._let_go(addrs, other)
         lib.ggml_backend_sched_reset(self.ptr)
         self._apply_pins()
         entries = list(graph.walk())
@@ -249,7 +251,7 @@ class Scheduler(Owned):
             for c in sorted(graph.contexts, key=id):
                 stack.enter_context(c._lock)
             self._alive()
-            graph.require_open()           # before reading its index inputs
+            graph._require_open()           # before reading its index inputs
             if not self._wired or not any(entry[0] is graph for entry in self._placed):
                 self._alloc(graph, inputs_set=True)
             elif self._epoch != _handle.EPOCH:
@@ -280,6 +282,7 @@ class Scheduler(Owned):
         self._epoch = _handle.EPOCH
 
     def synchronize(self) -> None:
+        """Wait until every backend of the scheduler finished its queued work."""
         with self._locked():
             self._alive()
             lib.ggml_backend_sched_synchronize(self.ptr)
@@ -324,9 +327,10 @@ class Scheduler(Owned):
         return self._n_tensor_copies
 
     def buffer_size(self, backend: Backend) -> int:
+        """Bytes of the compute buffer the scheduler holds on `backend`."""
         return int(lib.ggml_backend_sched_get_buffer_size(self.ptr, backend.ptr))
 
-    def give_back_sources(self, contexts: Any = None) -> None:
+    def _give_back_sources(self, contexts: Any = None) -> None:
         """Point the split nodes of the placed graph at their own sources again, instead of
         the scheduler's copies (all of them, or only where the graph has a tensor in one of
         `contexts`, a dict of id -> Context); the next compute splits the graph again. Node
@@ -347,11 +351,11 @@ class Scheduler(Owned):
     def _forget(self) -> None:
         """Give graphs back as they were: their own sources again (not the scheduler's copies),
         and the nodes it placed read as unallocated."""
-        self.give_back_sources()
+        self._give_back_sources()
         if self._placed:
             _handle.changed()                # other graphs may share the nodes it placed
         for graph, nodes, _ in self._placed:
-            graph.forget_allocation()        # its nodes must be placed again before a compute
+            graph._forget_allocation()        # its nodes must be placed again before a compute
             if any(c.closed for c in graph.contexts):
                 continue                     # (its tensors' memory is gone)
             for t in nodes:
@@ -363,6 +367,7 @@ class Scheduler(Owned):
         self._placed = []
 
     def close(self) -> None:
+        """Free the scheduler (idempotent); the tensors it placed read as unallocated."""
         with self._lock:
             if self._raw is not None:
                 if self._guard is None or self._guard():   # a dead RPC server would abort

@@ -168,3 +168,9 @@ def from_dlpack(obj: Any, ctx: "Context", name: str | None = None) -> "Tensor":
           "tensor alloc")
     ctx.adopt(buf)
     return t
+
+__all__ = ["from_dlpack", "device", "capsule"]
+
+
+def __dir__() -> list[str]:       # dir() and help() show the module's API only
+    return sorted(__all__)

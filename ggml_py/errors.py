@@ -74,3 +74,10 @@ def require(cond: bool, message: str, exc: type[GGMLError] = InvalidArgument) ->
     """Validation before calling into C, where ggml would abort the process instead."""
     if not cond:
         raise exc(message)
+
+__all__ = ["GGMLError", "ClosedError", "UnsupportedError", "InvalidArgument", "InvalidType",
+           "NotFound", "RPCError", "RPCVersionError", "OutOfMemory", "GGMLWarning"]
+
+
+def __dir__() -> list[str]:       # dir() and help() show the module's API only
+    return sorted(__all__)
