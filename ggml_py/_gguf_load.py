@@ -123,7 +123,8 @@ def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
                 t = tensors[ti.name]
                 for o in range(0, ti.nbytes, CHUNK):
                     n = min(CHUNK, ti.nbytes - o)
-                    t.set(np.frombuffer(mapped, dtype=np.uint8, count=n, offset=ti.offset + o), o)
+                    t.set(np.frombuffer(mapped, dtype=np.uint8, count=n, offset=ti.offset + o), o,
+                          flat=True)
                     done += n
                     if report is not None:
                         report(done, total)

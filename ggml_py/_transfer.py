@@ -106,7 +106,9 @@ def _same_shape(t: "Tensor", array: Any, offset: Any, flat: bool, what: str) -> 
     """The shape rule of set/set_async: the array has the tensor's shape (numpy order), or
     the caller says `flat=True` (elements in memory order, raw uint8 bytes, an offset)."""
     if not flat and (type(array) is not np.ndarray or array.shape != t.shape or offset):
-        shape = array.shape if isinstance(array, np.ndarray) else None
+        # (not an array, or an object array: the transfer's own checks say what is wrong)
+        shape = array.shape if isinstance(array, np.ndarray) and not array.dtype.hasobject \
+            else None
         if shape is not None and shape == t.shape:
             raise InvalidArgument(f"{what}: an offset writes a flat run; pass flat=True")
         if shape is not None:
