@@ -29,6 +29,7 @@ from .errors import GGMLWarning as GGMLWarning, InvalidArgument as InvalidArgume
 from .errors import InvalidType as InvalidType, NotFound as NotFound
 from .errors import OutOfMemory as OutOfMemory, RPCError as RPCError
 from .errors import RPCVersionError as RPCVersionError, UnsupportedError as UnsupportedError
+from .errors import UnwrittenError as UnwrittenError
 
 __version__ = "0.1.0"
 
@@ -71,7 +72,7 @@ _FACE = [
     "device", "Registry", "Device", "DeviceList", "Caps", "BufferType", "Buffer", "Backend",
     "Event", "Context", "Tensor", "Graph", "Scheduler", "GGMLType", "TYPES", "quantize",
     "copy", "copy_async", "from_dlpack", "aligned_empty", "GGMLError", "ClosedError",
-    "UnsupportedError", "InvalidArgument", "InvalidType", "NotFound", "OutOfMemory",
+    "UnsupportedError", "UnwrittenError", "InvalidArgument", "InvalidType", "NotFound", "OutOfMemory",
     "RPCError", "RPCVersionError", "GGMLWarning", "BUILD", "BUILD_DIR", "ops",
     "rpc", "gguf", "dlpack", "opt"]
 # (gg.ffi and gg.lib still work; the raw bindings' own name is ggml_py.raw)

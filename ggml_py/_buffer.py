@@ -17,6 +17,7 @@ import numpy as np
 
 from ._handle import Owned
 from ._liveness import ensure_alive, free_guard
+from . import _written
 from ._loader import cstr, ffi, lib
 from .errors import GGMLError, require
 
@@ -120,8 +121,9 @@ class Buffer(Owned):
                 # ggml-vulkan (0.25.3) hands the byte to vkCmdFillBuffer as a 32-bit word, so
                 # each word becomes (value, 0, 0, 0); write the bytes through a tensor instead
                 self._fill_bytes(int(value))
-                return
-            lib.ggml_backend_buffer_clear(self.ptr, int(value))
+            else:
+                lib.ggml_backend_buffer_clear(self.ptr, int(value))
+            _written.cleared(self.ptr)     # its tensors hold values now
 
     def _fill_bytes(self, value: int) -> None:
         if self.size == 0:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from . import _handle, _metadata, _types as T
+from . import _handle, _metadata, _types as T, _written
 from ._backend import Backend
 from ._buffer import Buffer
 from ._device import BufferType
@@ -119,6 +119,7 @@ class Context(Owned):
         # split nodes of graphs with tensors here that a scheduler points at its copies:
         # node address -> (scheduler, the node's own sources) (see _tensor_base.own_sources)
         self.rewired: dict[int, tuple[Any, list[Any]]] = {}
+        self.books = _written.Books()      # which of its tensors hold written values
 
     # -- chunks ------------------------------------------------------------------------------
     def _new_chunk(self) -> Any:

@@ -10,6 +10,7 @@ import numpy as np
 
 from ._loader import ffi, lib
 from .errors import ClosedError, GGMLError, InvalidArgument, NotFound
+from ._written import wrote
 
 if TYPE_CHECKING:
     from ._device import BufferType, Device
@@ -115,7 +116,10 @@ def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
             t = tensors[ti.name] = ctx.tensor(gg.TYPES[ti.type], ti.shape or (1,))
             # the name as the file has it (not always valid UTF-8; shorter than GGML_MAX_NAME)
             lib.ggml_set_name(t.ptr, ti.name.encode("utf-8", "surrogateescape"))
-        if not _zero_copy(f, buft, dev, infos, tensors):
+        if _zero_copy(f, buft, dev, infos, tensors):
+            for t in tensors.values():
+                wrote(t)                  # the file's bytes, mapped
+        else:
             ctx.alloc(buft)
             total = sum(ti.nbytes for ti in infos)
             report, done = _reporter(progress, f.path, total), 0

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from . import _handle, _metadata
+from . import _handle, _metadata, _written
 from ._handle import Owned
 from ._liveness import free_guard, second_opinion
 from ._loader import HELPERS, cstr, ffi, lib
@@ -254,6 +254,11 @@ class Graph:
             self._nodes, self._leafs = nodes, leafs
             self._node_set = keys
         return _entries(self._nodes, self._leafs)
+
+    def node_addresses(self) -> set[int]:
+        """The addresses of the graph's nodes (raw ``struct ggml_tensor *``)."""
+        self.walk()
+        return self._node_set
 
     def _require_open(self) -> None:
         """ClosedError when a context holding tensors of this graph was closed."""
@@ -527,6 +532,7 @@ class Graph:
             check(lib.ggml_backend_graph_compute_async(backend.ptr, self.ptr), "graph compute")
         else:
             check(lib.ggml_backend_graph_compute(backend.ptr, self.ptr), "graph compute")
+        _written.ran(self, self._contexts)     # its nodes hold values (see _written)
         # the fast path's conditions: nothing here needs checking per compute
         self._fast = weakref.ref(backend) if backend._guard is None and not self._index_inputs \
             else None

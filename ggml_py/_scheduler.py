@@ -23,7 +23,7 @@ import numpy as np
 
 from ._backend import Backend
 from ._graph import Graph
-from . import _handle
+from . import _handle, _written
 from ._handle import Owned, hand_over
 from ._liveness import endpoint_of, supports_op
 from ._loader import cstr, ffi, lib
@@ -258,6 +258,7 @@ class Scheduler(Owned):
                 self._recheck(graph)
             graph.check_indices()
             check(fn(self.ptr, graph.ptr), "scheduled graph compute")
+            _written.ran(graph, graph.contexts)   # its nodes hold values (see _written)
 
     def _recheck(self, graph: Graph) -> None:
         """Something closed or was handed back since the graph was placed. A leaf without

@@ -118,6 +118,12 @@ class Tensor(TensorBase):
                 InvalidType)
         return _transfer.to_numpy(self, copy)
 
+    def raw_numpy(self) -> np.ndarray:
+        """A copy of the tensor's memory as it is, written or not: the one read that does not
+        raise :class:`~ggml_py.errors.UnwrittenError` for values no one set, loaded, copied or
+        computed (``numpy()`` does)."""
+        return _transfer.to_numpy(self, True, raw=True)
+
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         a = self.numpy(copy=True)
         return a if dtype is None else a.astype(dtype)

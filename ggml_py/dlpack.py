@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import cffi
 import numpy as np
 
+from . import _written
 from ._device import device as find_device
 
 if TYPE_CHECKING:
@@ -167,6 +168,7 @@ def from_dlpack(obj: Any, ctx: "Context", name: str | None = None) -> "Tensor":
     check(lib.ggml_backend_tensor_alloc(buf.ptr, t.ptr, ffi.cast("void *", buf.base)),
           "tensor alloc")
     ctx.adopt(buf)
+    _written.wrote(t)                     # the array's values, shared
     return t
 
 __all__ = ["from_dlpack", "device", "capsule"]
