@@ -187,7 +187,11 @@ class Backend(Owned):
 
     def compute(self, graph: "Graph") -> None:
         """Compute `graph` and wait for it."""
-        _graph_of(graph).compute_on(self, asynchronous=False)
+        try:
+            run = graph.compute_on
+        except AttributeError:                # (no second lookup on the hot path)
+            run = _graph_of(graph).compute_on
+        run(self, asynchronous=False)
 
     def compute_async(self, graph: "Graph") -> None:
         """Queue `graph`; results are valid after synchronize()."""

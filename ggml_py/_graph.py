@@ -509,7 +509,9 @@ class Graph:
                 if (fast is not None and self._fast_epoch == _handle.EPOCH and not asynchronous
                         and fast() is backend and not ctx.rewired):
                     # validated for this backend and nothing closed or rewired since
-                    check(lib.ggml_backend_graph_compute(backend._raw, self.ptr), "graph compute")
+                    status = lib.ggml_backend_graph_compute(backend._raw, self.ptr)
+                    if status:                    # (a call less on the hot path)
+                        check(status, "graph compute")
                     return
                 self._compute_locked(backend, asynchronous)
             return
