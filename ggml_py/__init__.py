@@ -72,8 +72,8 @@ _FACE = [
     "device", "Registry", "Device", "DeviceList", "Caps", "BufferType", "Buffer", "Backend",
     "Event", "Context", "Tensor", "Graph", "Scheduler", "GGMLType", "TYPES", "quantize",
     "copy", "copy_async", "from_dlpack", "aligned_empty", "GGMLError", "ClosedError",
-    "UnsupportedError", "UnwrittenError", "InvalidArgument", "InvalidType", "NotFound", "OutOfMemory",
-    "RPCError", "RPCVersionError", "GGMLWarning", "BUILD", "BUILD_DIR", "ops",
+    "UnsupportedError", "UnwrittenError", "InvalidArgument", "InvalidType", "NotFound",
+    "OutOfMemory", "RPCError", "RPCVersionError", "GGMLWarning", "BUILD", "BUILD_DIR", "ops",
     "rpc", "gguf", "dlpack", "opt"]
 # (gg.ffi and gg.lib still work; the raw bindings' own name is ggml_py.raw)
 

@@ -189,7 +189,7 @@ class Scheduler(Owned):
         if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
             self._forget()
             raise GGMLError("the scheduler could not allocate the graph (out of memory?)")
-        copied = set()
+        copied: set[int] = set()
         for t, srcs in sources:
             if any(a != b for a, b in zip(t.src, srcs)):
                 copied.update(_addr(a) for a, b in zip(t.src, srcs) if a != b)

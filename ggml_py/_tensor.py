@@ -12,7 +12,7 @@ semantics, are the functions of :mod:`ggml_py.ops` (``gg.add``, ``gg.mul_mat``..
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, cast
 
 import numpy as np
 
@@ -51,14 +51,16 @@ def _constant(t: "Tensor", x: Any) -> "Tensor | None":
     return t.ctx.constant(a.astype(dt, copy=False).reshape(a.shape or (1,)))
 
 
-def _mixed(name: str, a: Any, b: Any, reflected: bool = False) -> Any:
-    """a <op> b where one side is a tensor and the other an array-like (see _constant)."""
+def _mixed(name: str, a: Any, b: Any, reflected: bool = False) -> "Tensor":
+    """a <op> b where one side is a tensor and the other an array-like (see _constant);
+    NotImplemented (for Python to try the other side) when it is neither."""
     t, x = (b, a) if reflected else (a, b)
     c = _constant(t, x)
     if c is None:
-        return NotImplemented
+        return cast("Tensor", NotImplemented)
     op = getattr(Tensor, name)
-    return op(c, t) if reflected else op(t, c)
+    result: Tensor = op(c, t) if reflected else op(t, c)
+    return result
 
 
 def _divide_by(t: "Tensor", c: float) -> "Tensor":
