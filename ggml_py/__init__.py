@@ -1,22 +1,20 @@
-"""ggml_py: drive upstream ggml's backend API from Python.
+"""ggml_py: upstream ggml's backend API from Python, with numpy semantics.
 
-    import ggml_py as gg
-    gg.ggml_version()                  # release of the loaded build
-    for d in gg.devices(): print(d.name, d.type, d.caps)
+    import numpy as np, ggml_py as gg
+    be = gg.device("CPU").backend()
+    ctx = gg.Context()
+    a = ctx.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+    ctx.alloc(be)                       # memory, and from_numpy's values
+    y = a * 2 + [1, 2, 3]               # numpy's rules; the list is a constant leaf
+    be.compute(gg.Graph(y)); y.numpy()
 
-Set ``GGML_PY_BUILD`` to a build folder (or its name under ggml_py/lib/) before import to load
-another release; set ``GGML_METAL_DEVICES=N`` (macOS) before the first device lookup to get N
-Metal virtual devices.
+Start with :func:`devices`/:func:`device`, :class:`Context`, :class:`Tensor`,
+:class:`Graph`, :class:`Scheduler`; ggml's ops by their ggml names (``gg.mul_mat``,
+``gg.soft_max``...); modules ``gg.rpc``, ``gg.gguf``, ``gg.opt``, ``gg.dlpack``; the
+generated bindings in ``ggml_py.raw``. ggml's log goes to ``logging.getLogger("ggml")``.
 
-The house, from the loader up (each module imports only modules listed before it):
-``errors`` -> ``_loader`` -> ``_handle`` (owned/borrowed handles) -> ``_metadata`` (the
-ggml contexts of tensor records and graphs, reused) -> ``_liveness`` (RPC servers, by
-endpoint) -> ``_types`` -> ``_buffer`` -> ``_transfer`` -> ``_backend`` ->
-``_event`` -> ``_device`` (registries, devices, buffer types) -> ``_tensor_base`` (tensor
-facts) -> ``ops`` (op builders by family) -> ``_tensor`` (Tensor and its operators) ->
-``_context`` -> ``dlpack`` -> ``_graph`` -> ``_scheduler`` -> ``rpc``/``gguf`` (loaded on
-first use) -> this face. ``ggml_py.raw`` gives the generated bindings. The face is lazy:
-``import ggml_py`` only finds the build (``_where``); the first name used loads the rest.
+``GGML_PY_BUILD`` (a build folder, or its name under ggml_py/lib/) picks another release
+before import. How the package is built inside: docs/architecture.md.
 """
 from __future__ import annotations
 
@@ -31,13 +29,25 @@ from .errors import GGMLWarning as GGMLWarning, InvalidArgument as InvalidArgume
 from .errors import InvalidType as InvalidType, NotFound as NotFound
 from .errors import OutOfMemory as OutOfMemory, RPCError as RPCError
 from .errors import RPCVersionError as RPCVersionError, UnsupportedError as UnsupportedError
+from .errors import UnwrittenError as UnwrittenError
 
 __version__ = "0.1.0"
 
 # `import ggml_py` finds the build (or raises ImportError saying what to run) and stops there:
 # the library and the modules over it load on first use of any name below (PEP 562), so an
 # import costs milliseconds; the first use pays the rest once (benchmarks/RESULTS.md).
-_where.check()
+try:
+    _where.check()
+except ImportError as _e:
+    import sys as _sys
+    _orig = getattr(_sys, "orig_argv", [])
+    if (_sys.argv[:1] == ["-m"] and "-m" in _orig[:-1]
+            and _orig[_orig.index("-m") + 1].split(".")[0] == __name__):
+        # `python -m ggml_py ...` without a build: one line saying what to run, no traceback
+        print(f"python -m {_orig[_orig.index('-m') + 1]}: {str(_e).removeprefix('ggml_py: ')}",
+              file=_sys.stderr)
+        raise SystemExit(2) from None
+    raise
 
 if TYPE_CHECKING:                  # what type checkers and readers see: the whole face
     from . import ops as ops
@@ -62,9 +72,10 @@ _FACE = [
     "device", "Registry", "Device", "DeviceList", "Caps", "BufferType", "Buffer", "Backend",
     "Event", "Context", "Tensor", "Graph", "Scheduler", "GGMLType", "TYPES", "quantize",
     "copy", "copy_async", "from_dlpack", "aligned_empty", "GGMLError", "ClosedError",
-    "UnsupportedError", "InvalidArgument", "InvalidType", "NotFound", "OutOfMemory",
-    "RPCError", "RPCVersionError", "GGMLWarning", "BUILD", "BUILD_DIR", "ffi", "lib", "ops",
-    "rpc", "gguf", "dlpack"]
+    "UnsupportedError", "UnwrittenError", "InvalidArgument", "InvalidType", "NotFound",
+    "OutOfMemory", "RPCError", "RPCVersionError", "GGMLWarning", "BUILD", "BUILD_DIR", "ops",
+    "rpc", "gguf", "dlpack", "opt"]
+# (gg.ffi and gg.lib still work; the raw bindings' own name is ggml_py.raw)
 
 
 def _load() -> None:
@@ -162,8 +173,10 @@ def ggml_commit() -> str:
 def build_info() -> dict[str, _Any]:
     """Facts of the loaded build: folder, release, backends, bindings mode."""
     from ._loader import BUILD, BUILD_DIR
+    from ._api import function_names
+    from ._loader import ffi, lib
     return {"folder": str(BUILD_DIR), "release": BUILD["release"], "backends": BUILD["backends"],
-            "bindings": BUILD["bindings"], "functions": BUILD["functions"]}
+            "bindings": BUILD["bindings"], "functions": len(function_names(ffi, lib))}
 
 
 def __dir__() -> list[str]:

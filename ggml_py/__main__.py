@@ -95,8 +95,7 @@ def facts() -> dict[str, Any]:
             "name": d.name, "type": d.type, "description": d.description,
             "registry": d.registry.name, "device_id": d.device_id,
             "memory": {"free": free, "total": total},
-            "caps": {"async": c.async_, "host_buffer": c.host_buffer,
-                     "buffer_from_host_ptr": c.buffer_from_host_ptr, "events": c.events},
+            "caps": {k.rstrip("_"): bool(v) for k, v in c._asdict().items()},
             "buffer_types": [{"name": b.name, "alignment": b.alignment, "is_host": b.is_host}
                              for b in d.buffer_types],
         })
@@ -165,9 +164,23 @@ def show(out: TextIO = sys.stdout, as_json: bool = False) -> int:
     return 1 if failed else 0
 
 
+USAGE = """python -m ggml_py [-h] [--version] [--json]
+       python -m ggml_py rpc-server [options]    (rpc-server --help)
+       python -m ggml_py compare A [B] [options]  (compare --help)"""
+
+
+def version_line() -> str:
+    """"ggml_py X (ggml R, build FOLDER)"; the build part only where a build loads."""
+    import ggml_py as gg
+    try:
+        return f"ggml_py {gg.__version__} (ggml {gg.ggml_version()}, build {gg.BUILD_DIR.name})"
+    except ImportError as e:      # (no build: the version alone, and why)
+        return f"ggml_py {gg.__version__} ({e})"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m ggml_py",
+        prog="python -m ggml_py", usage=USAGE,
         description="Without a command: list this build's registries, devices and buffer types, "
                     "and check a matmul against numpy on every device (exit 1 if one fails; "
                     "a device that does not support it is reported as unsupported).",
@@ -176,6 +189,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print the facts and checks as JSON (keys: ggml_version, build, "
                         "registries, devices)")
+    p.add_argument("--version", action="store_true",
+                   help="print ggml_py's version and the loaded ggml release, and exit")
     return p
 
 
@@ -194,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             return int(compare_main(argv[1:]))
         args = _parser().parse_args(argv)
+        if args.version:
+            print(version_line())
+            return 0
         return show(as_json=args.json)
     except KeyboardInterrupt:
         return 130

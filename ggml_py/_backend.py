@@ -38,6 +38,16 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _named_after(name: str, device: str) -> str:
+    """A backend's name starts with its device's: ggml's RPC backend is named after the
+    device's index on its server ("RPC0[host:port]" for the device RPC1), so that part is
+    the device's name here ("RPC1[host:port]")."""
+    if name == device or name.startswith(device + "["):
+        return name
+    bracket = name.find("[")
+    return device + (name[bracket:] if bracket >= 0 else "")
+
+
 class Backend(Owned):
     """``ggml_backend_t``. Owned: close() or use ``with``. Keeps what async calls use alive
     (host arrays, tensors, graphs) until :meth:`synchronize`."""
@@ -50,7 +60,7 @@ class Backend(Owned):
         self._device = device
         self._pending: list[object] = []
         self._n_threads: int | None = None
-        self._name = cstr(lib.ggml_backend_name(raw)) or ""
+        self._name = _named_after(cstr(lib.ggml_backend_name(raw)) or "", device.name)
 
     @classmethod
     def _create(cls, device: "Device", *, n_threads: int | None = None,
@@ -68,11 +78,13 @@ class Backend(Owned):
 
     @property
     def name(self) -> str:
+        """The backend's name, after its device's ("CPU", "RPC1[host:port]")."""
         self.ptr
         return self._name
 
     @property
     def device(self) -> "Device":
+        """The Device this backend runs on."""
         self.ptr
         return self._device
 
@@ -137,9 +149,13 @@ class Backend(Owned):
             self._pending.clear()
 
     def supports_op(self, tensor: "Tensor") -> bool:
+        """Whether this backend can compute `tensor`'s op with its operands' types and shapes
+        (``ggml_backend_supports_op``)."""
         return supports_op(lib.ggml_backend_get_device(self.ptr), tensor.ptr)
 
     def supports_buffer_type(self, buft: "BufferType") -> bool:
+        """Whether this backend can use memory of buffer type `buft`
+        (``ggml_backend_supports_buft``)."""
         return bool(lib.ggml_backend_supports_buft(self.ptr, buft.ptr))
 
     # -- data --------------------------------------------------------------------------------
@@ -155,9 +171,12 @@ class Backend(Owned):
             return tensor.numpy(copy=True)
         return _transfer.blocking_get(tensor, out, offset)
 
-    def set_async(self, tensor: "Tensor", array: Any, offset: int = 0) -> None:
-        """Queue a copy of `array` into `tensor`; `array` is kept alive until synchronize()."""
-        _transfer.set_async(self, tensor, array, offset)
+    def set_async(self, tensor: "Tensor", array: Any, offset: int = 0, *,
+                  flat: bool = False) -> None:
+        """Queue a copy of `array` into `tensor`; `array` is kept alive until synchronize().
+        The array has the tensor's shape, or `flat=True` writes its elements (or raw uint8
+        bytes) in memory order at byte `offset`."""
+        _transfer.set_async(self, tensor, array, offset, flat)
 
     def get_async(self, tensor: "Tensor", out: Any, offset: int = 0) -> np.ndarray:
         """Queue a copy of `tensor` into `out`; valid after synchronize()."""
@@ -180,7 +199,11 @@ class Backend(Owned):
 
     def compute(self, graph: "Graph") -> None:
         """Compute `graph` and wait for it."""
-        _graph_of(graph).compute_on(self, asynchronous=False)
+        try:
+            run = graph.compute_on
+        except AttributeError:                # (no second lookup on the hot path)
+            run = _graph_of(graph).compute_on
+        run(self, asynchronous=False)
 
     def compute_async(self, graph: "Graph") -> None:
         """Queue `graph`; results are valid after synchronize()."""
@@ -190,6 +213,7 @@ class Backend(Owned):
         return {self._device.ptr}
 
     def close(self) -> None:
+        """Free the backend (idempotent); waits for work queued on it first."""
         with self._lock:
             if self._raw is not None and (self._guard is None or self._guard()):
                 lib.ggml_backend_synchronize(self._raw)  # nothing queued may outlive its memory

@@ -17,6 +17,7 @@ import numpy as np
 
 from ._handle import Owned
 from ._liveness import ensure_alive, free_guard
+from . import _written
 from ._loader import cstr, ffi, lib
 from .errors import ClosedError, GGMLError, require
 
@@ -52,6 +53,7 @@ class Buffer(Owned):
     def close(self) -> None:
         # the owning context's lock first: a thread setting or computing on tensors of that
         # context holds it, and the memory must not go under it
+        """Free the buffer (idempotent); its tensors read as unallocated afterwards."""
         with contextlib.ExitStack() as stack:
             for p in self._parents:
                 stack.enter_context(p._lock)
@@ -72,6 +74,7 @@ class Buffer(Owned):
 
     @property
     def size(self) -> int:
+        """The buffer's size in bytes."""
         return int(lib.ggml_backend_buffer_get_size(self.ptr))
 
     @property
@@ -81,20 +84,24 @@ class Buffer(Owned):
 
     @property
     def is_host(self) -> bool:
+        """Whether the buffer is plain host memory the CPU reads directly."""
         self.ptr
         return self._is_host
 
     @property
     def buffer_type(self) -> "BufferType":
+        """The BufferType that made this buffer."""
         self.ptr
         return self._buffer_type
 
     @property
     def name(self) -> str:
+        """The buffer's name, as ggml gives it (its buffer type's)."""
         return cstr(lib.ggml_backend_buffer_name(self.ptr)) or ""
 
     @property
     def usage(self) -> str:
+        """What the buffer holds for ggml's schedulers: "any", "weights" or "compute"."""
         u = int(lib.ggml_backend_buffer_get_usage(self.ptr))
         return next(k for k, v in _USAGE.items() if v == u)
 
@@ -114,8 +121,9 @@ class Buffer(Owned):
                 # ggml-vulkan (0.25.3) hands the byte to vkCmdFillBuffer as a 32-bit word, so
                 # each word becomes (value, 0, 0, 0); write the bytes through a tensor instead
                 self._fill_bytes(int(value))
-                return
-            lib.ggml_backend_buffer_clear(self.ptr, int(value))
+            else:
+                lib.ggml_backend_buffer_clear(self.ptr, int(value))
+            _written.cleared(self.ptr)     # its tensors hold values now
 
     def _fill_bytes(self, value: int) -> None:
         if self.size == 0:

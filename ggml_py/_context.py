@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from . import _handle, _metadata, _types as T
+from . import _handle, _metadata, _types as T, _written
 from ._backend import Backend
 from ._buffer import Buffer
 from ._device import BufferType
@@ -32,7 +32,8 @@ from ._liveness import buffer_device, ensure_alive
 from ._loader import HELPERS, ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import MAX_DIMS, MAX_NAME, TensorBase, index_of, shape_of
-from .errors import ClosedError, GGMLError, InvalidArgument, InvalidType, OutOfMemory, require
+from .errors import (ClosedError, GGMLError, InvalidArgument, InvalidType, OutOfMemory, check,
+                     require)
 
 if TYPE_CHECKING:
     pass
@@ -118,6 +119,7 @@ class Context(Owned):
         # split nodes of graphs with tensors here that a scheduler points at its copies:
         # node address -> (scheduler, the node's own sources) (see _tensor_base.own_sources)
         self.rewired: dict[int, tuple[Any, list[Any]]] = {}
+        self.books = _written.Books()      # which of its tensors hold written values
 
     # -- chunks ------------------------------------------------------------------------------
     def _new_chunk(self) -> Any:
@@ -343,8 +345,34 @@ class Context(Owned):
         self._pending.append((t, a.reshape(t.shape)))
         return t
 
+    def constant(self, array: np.ndarray) -> Tensor:
+        """A leaf holding a copy of `array` (the operand of ``t + array``, see
+        docs/numpy-mixing.md): set by the next :meth:`alloc`, like :meth:`from_numpy`'s; once
+        the context has memory, placed at once in a buffer of its own of the same type."""
+        t = self.from_numpy(array)
+        with self._lock:
+            bufs = [b for b in self._buffers if b._raw is not None]
+            if not bufs:
+                return t
+            buft = bufs[0].buffer_type
+            p = t.ptr
+            b = lib.ggml_backend_buft_alloc_buffer(
+                buft.ptr, int(lib.ggml_backend_buft_get_alloc_size(buft.ptr, p)))
+            if b == ffi.NULL:
+                raise OutOfMemory(f"constant: allocating {t.nbytes} bytes in {buft.name} failed")
+            buf = Buffer(b, buft, parents=(self,))
+            buf.on_close(lambda b=b: self._lose(b))
+            self._buffers.append(buf)
+            st = lib.ggml_backend_tensor_alloc(b, p, lib.ggml_backend_buffer_get_base(b))
+            if st:                           # (an enum ggml_status since 0.21, void before)
+                check(st, "constant: placing the tensor")
+            self._pending = [(u, a) for u, a in self._pending if u is not t]
+        t.set(array.reshape(t.shape))
+        return t
+
     @property
     def tensors(self) -> list[Tensor]:
+        """Every tensor of the context (inputs, op results, views), in creation order."""
         with self._records():
             raws = [p for raw in self._raws() for p in self._chunk_raw_tensors(raw)]
         return [Tensor(p, self) for p in raws]
@@ -433,6 +461,7 @@ class Context(Owned):
         return set().union(*(b._devices() for b in self._buffers)) if self._buffers else set()
 
     def close(self) -> None:
+        """Free the context and the memory of its tensors (idempotent); graphs over it close first."""
         with self._lock:
             if self._raw is None:
                 return

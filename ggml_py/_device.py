@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import operator
 import os
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -34,12 +34,23 @@ for _name in ("CPU", "GPU", "IGPU", "ACCEL", "META"):
     if _v is not None:
         _TYPES[int(_v)] = _name.lower()
 
-class Caps(NamedTuple):
-    """What a device can do (``struct ggml_backend_dev_caps``)."""
-    async_: bool
-    host_buffer: bool
-    buffer_from_host_ptr: bool
-    events: bool
+# the caps are the fields of the release's struct, read from it (a cap a new release adds
+# appears without code); "async" is a Python keyword: ``async_``
+_CAPS_FIELDS = [n for n, _ in ffi.typeof("struct ggml_backend_dev_caps").fields]
+
+if TYPE_CHECKING:
+    class Caps(NamedTuple):
+        """What a device can do: every field of the release's ``ggml_backend_dev_caps``."""
+        async_: bool
+        host_buffer: bool
+        buffer_from_host_ptr: bool
+        events: bool
+        mmap_support: bool      # (0.26.0+)
+else:
+    Caps = NamedTuple("Caps", [("async_" if n == "async" else n, bool) for n in _CAPS_FIELDS])
+    Caps.__doc__ = ("What a device can do: every field of this release's "
+                    "``struct ggml_backend_dev_caps`` (``async_`` for ``async``), e.g. "
+                    + ", ".join(Caps._fields) + ".")
 
 
 _CAPS: dict[int, Caps] = {}    # device handle -> caps (devices live as long as the process)
@@ -52,14 +63,17 @@ class BufferType(Borrowed):
 
     @property
     def name(self) -> str:
+        """The buffer type's name ("CPU", "CUDA0", "RPC0[host:port]"...)."""
         return cstr(lib.ggml_backend_buft_name(self.ptr)) or ""
 
     @property
     def alignment(self) -> int:
+        """Alignment in bytes of the tensors it places."""
         return int(lib.ggml_backend_buft_get_alignment(self.ptr))
 
     @property
     def max_size(self) -> int:
+        """The largest buffer it can allocate, in bytes."""
         return int(lib.ggml_backend_buft_get_max_size(self.ptr))
 
     @property
@@ -69,6 +83,7 @@ class BufferType(Borrowed):
 
     @property
     def device(self) -> "Device | None":
+        """The Device it belongs to (None for a host buffer type of no device)."""
         p = lib.ggml_backend_buft_get_device(self.ptr)
         return None if p == ffi.NULL else Device._of(p)
 
@@ -125,10 +140,12 @@ class Registry(Borrowed):
 
     @property
     def name(self) -> str:
+        """The registry's name ("CPU", "RPC", "CUDA"...)."""
         return cstr(lib.ggml_backend_reg_name(self.ptr)) or ""
 
     @property
     def devices(self) -> list["Device"]:
+        """The registry's devices, in its order."""
         n = lib.ggml_backend_reg_dev_count(self.ptr)
         if n == 0 and old_rpc_api() and self.name == "RPC":
             # ggml 0.9.x's RPC registry enumerates nothing: its devices, one per endpoint, are
@@ -181,10 +198,12 @@ class Device(Borrowed):
     # -- properties -------------------------------------------------------------------------
     @property
     def name(self) -> str:
+        """The device's name ("CPU", "CUDA0", "RPC1"...), unique in the process."""
         return cstr(lib.ggml_backend_dev_name(self.ptr)) or ""
 
     @property
     def description(self) -> str:
+        """ggml's description of the device (a processor name, a GPU model, an endpoint)."""
         return cstr(lib.ggml_backend_dev_description(self.ptr)) or ""
 
     @property
@@ -211,8 +230,7 @@ class Device(Borrowed):
             ensure_alive(self.ptr)
             lib.ggml_backend_dev_get_props(self.ptr, props)
             c = props.caps
-            _CAPS[key] = Caps(bool(getattr(c, "async")), bool(c.host_buffer),
-                              bool(c.buffer_from_host_ptr), bool(c.events))
+            _CAPS[key] = Caps(*(bool(getattr(c, n)) for n in _CAPS_FIELDS))
         return _CAPS[key]
 
     @property
@@ -225,6 +243,7 @@ class Device(Borrowed):
 
     @property
     def registry(self) -> Registry:
+        """The Registry that lists this device."""
         return Registry(lib.ggml_backend_dev_backend_reg(self.ptr))
 
     @property
@@ -265,9 +284,12 @@ class Device(Borrowed):
         return supports_op(self.ptr, tensor.ptr)
 
     def supports_buffer_type(self, buft: BufferType) -> bool:
+        """Whether the device can use memory of buffer type `buft`."""
         return bool(lib.ggml_backend_dev_supports_buft(self.ptr, buft.ptr))
 
     def offload_op(self, tensor: Any) -> bool:
+        """Whether ggml's scheduler would move `tensor`'s op to this device although its weights
+        live elsewhere (``ggml_backend_dev_offload_op``)."""
         return bool(lib.ggml_backend_dev_offload_op(self.ptr, tensor.ptr))
 
     def require_events(self) -> None:
@@ -396,7 +418,8 @@ def device(key: str | int | None = None, *, type: str | None = None) -> Device:
     if isinstance(key, int):
         if 0 <= key < len(devs):
             return devs[key]
-        raise NotFound(f"no device {key}: there are {len(devs)} ({[d.name for d in devs]})")
+        raise NotFound(f"no device {key}: the devices are {', '.join(d.name for d in devs)} "
+                       f"(indices 0..{len(devs) - 1})")
     for d in devs:
         if d.name == key:
             return d

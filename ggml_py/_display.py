@@ -61,6 +61,11 @@ def _badge(text: str, on: bool) -> str:
             f'{mark} {_e(text)}</span>')
 
 
+def _plural(n: Any, one: str, many: str | None = None) -> str:
+    """"1 split", "2 splits" ("?" when unknown)."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 def _title(kind: str, name: str, extra: str = "") -> str:
     return (f'<div style="font-family:sans-serif;margin-bottom:4px"><b>{_e(kind)}</b> '
             f'<code>{_e(name)}</code> <span style="color:#666">{extra}</span></div>')
@@ -253,9 +258,11 @@ def scheduler_html(sched: Any, graph: Any = None) -> str:
              _e(_size(_safe(lambda: sched.buffer_size(b), 0)))]
             for i, (n, b) in enumerate(zip(names, sched.backends))]
     head = _title("Scheduler", " \u2192 ".join(names),
-                  f"{_safe(lambda: sched.n_splits, '?')} splits, "
-                  f"{_safe(lambda: sched.n_copies, '?')} "
-                  "copies (ggml's counts for the last graph)")
+                  _plural(_safe(lambda: sched.n_splits, '?'), "split") + ", "
+                  + _plural(_safe(lambda: sched.n_tensor_copies, '?'), "tensor")
+                  + " copied between backends, "
+                  + _plural(_safe(lambda: sched.n_graph_copies, '?'), "graph copy", "graph copies")
+                  + " (the last graph)")
     parts = ["<div>", head, _table(rows, ["backend", "compute buffer"])]
     if graph is None:
         graph = _last_graph(sched)

@@ -42,6 +42,7 @@ class Event(Owned):
 
     @property
     def device(self) -> "Device":
+        """The Device the event was made for."""
         self.ptr
         return self._device
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
 import numpy as np
 
 from ._loader import ffi, lib
-from .errors import GGMLError, InvalidArgument, NotFound
+from .errors import ClosedError, GGMLError, InvalidArgument, NotFound
+from ._written import wrote
 
 if TYPE_CHECKING:
     from ._device import BufferType, Device
@@ -114,7 +115,10 @@ def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
             t = tensors[ti.name] = ctx.tensor(gg.TYPES[ti.type], ti.shape or (1,))
             # the name as the file has it (not always valid UTF-8; shorter than GGML_MAX_NAME)
             lib.ggml_set_name(t.ptr, ti.name.encode("utf-8", "surrogateescape"))
-        if copy or not _zero_copy(f, buft, dev, infos, tensors):
+        if not copy and _zero_copy(f, buft, dev, infos, tensors):
+            for t in tensors.values():
+                wrote(t)                  # the file's bytes, mapped
+        else:
             ctx.alloc(buft)
             total = sum(ti.nbytes for ti in infos)
             report, done = _reporter(progress, f.path, total), 0
@@ -135,10 +139,11 @@ def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
                         f._read_into(into, ti.offset + o)     # pread: no mapping to fault
                     else:
                         f._read_into(chunk[:n], ti.offset + o)
-                        t.set(chunk[:n], o)
+                        t.set(chunk[:n], o, flat=True)
                     done += n
                     if report is not None:
                         report(done, total)
+                wrote(t)                          # (the direct reads bypass set)
     except BaseException:
         ctx.close()
         raise

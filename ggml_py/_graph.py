@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from . import _handle, _metadata
+from . import _handle, _metadata, _written
 from ._handle import Owned
 from ._liveness import free_guard, second_opinion
 from ._loader import HELPERS, cstr, ffi, lib
@@ -202,6 +202,7 @@ class Graph:
     # -- structure ---------------------------------------------------------------------------
     @property
     def n_nodes(self) -> int:
+        """How many op nodes the graph has (leafs not counted)."""
         self._meta.ptr       # (ClosedError once closed, or a context of its tensors is)
         return int(lib.ggml_graph_n_nodes(self.ptr))
 
@@ -218,13 +219,14 @@ class Graph:
 
     @property
     def nodes(self) -> list[Tensor]:
-        self.require_open()
+        """The graph's op nodes as Tensors, in ggml's compute order."""
+        self._require_open()
         return [self._wrap(lib.ggml_graph_node(self.ptr, i)) for i in range(self.n_nodes)]
 
     @property
     def leafs(self) -> list[Tensor]:
         """Inputs and constants: sources of nodes that are not nodes themselves."""
-        self.require_open()
+        self._require_open()
         return [self._wrap(t) for t, is_node in self.walk(fresh=True) if not is_node]
 
     def walk(self, fresh: bool = False) -> Iterator[tuple[Any, bool]]:
@@ -254,14 +256,19 @@ class Graph:
             self._node_set = keys
         return _entries(self._nodes, self._leafs)
 
-    def require_open(self) -> None:
+    def node_addresses(self) -> set[int]:
+        """The addresses of the graph's nodes (raw ``struct ggml_tensor *``)."""
+        self.walk()
+        return self._node_set
+
+    def _require_open(self) -> None:
         """ClosedError when a context holding tensors of this graph was closed."""
         for c in self._contexts:
             if c.closed:
                 raise ClosedError("a context holding tensors of this graph was closed")
         self._meta.ptr
 
-    def forget_allocation(self) -> None:
+    def _forget_allocation(self) -> None:
         """Its nodes must be validated and placed again before the next compute (a scheduler
         took their memory back)."""
         self._checked = weakref.WeakSet()
@@ -278,7 +285,7 @@ class Graph:
         allocator skips tensors with an address), every tensor that holds memory must sit in
         a buffer the backend can use, the backend must support every node's op, and every
         leaf must hold memory."""
-        self.require_open()
+        self._require_open()
         be = backend.ptr
         if self._epoch != _handle.EPOCH:
             # something closed since the last check (a buffer under a leaf, a backend...):
@@ -295,7 +302,7 @@ class Graph:
         mine = self._placed_data if len(self._placed_data) == len(datas) else 0
         released = bool((other & (datas != mine)).any())
         if released and place:
-            self.let_go(addrs, other)
+            self._let_go(addrs, other)
         dev = lib.ggml_backend_get_device(be)
         cpu = second_opinion(dev)             # (RPC devices: the CPU must support it too)
         if _PREPARE is not None and not any(c.rewired for c in self._contexts):
@@ -312,7 +319,7 @@ class Graph:
                 # the allocator places every node without memory of a context, all at once:
                 # the ones it placed before too (placing only the new ones would let it
                 # reuse, or free in a reallocation, memory the older ones point into)
-                self.let_go(addrs, other)
+                self._let_go(addrs, other)
             if alloc is None:
                 raw = check_ptr(lib.ggml_gallocr_new(buft), "ggml_gallocr_new failed", OutOfMemory)
                 alloc = self._allocs[key] = Owned(
@@ -363,7 +370,7 @@ class Graph:
                 other &= bufs != np.uint64(b)
         return addrs, bufs, datas, other
 
-    def let_go(self, addrs: Any, mask: Any) -> None:
+    def _let_go(self, addrs: Any, mask: Any) -> None:
         """The nodes at `addrs[mask]` (and views of them) read as unallocated; every graph
         and scheduler checks again before its next compute."""
         if not mask.any():
@@ -513,7 +520,9 @@ class Graph:
                 if (fast is not None and self._fast_epoch == _handle.EPOCH and not asynchronous
                         and fast() is backend and not ctx.rewired):
                     # validated for this backend and nothing closed or rewired since
-                    check_status(lib.ggml_backend_graph_compute(backend._raw, self.ptr), "graph compute")
+                    status = lib.ggml_backend_graph_compute(backend._raw, self.ptr)
+                    if status:                    # (a call less on the hot path)
+                        check_status(status, "graph compute")
                     return
                 self._compute_locked(backend, asynchronous)
             return
@@ -536,6 +545,7 @@ class Graph:
             check_status(lib.ggml_backend_graph_compute_async(backend.ptr, self.ptr), "graph compute")
         else:
             check_status(lib.ggml_backend_graph_compute(backend.ptr, self.ptr), "graph compute")
+        _written.ran(self, self._contexts)     # its nodes hold values (see _written)
         # the fast path's conditions: nothing here needs checking per compute
         self._fast = weakref.ref(backend) if backend._guard is None and not self._index_inputs \
             else None
@@ -544,7 +554,7 @@ class Graph:
     # -- pictures ----------------------------------------------------------------------------
     def to_dot(self, path: str | None = None) -> str:
         """Graphviz text of the graph (ggml_graph_dump_dot); written to `path` when given."""
-        self.require_open()
+        self._require_open()
         fd, tmp = tempfile.mkstemp(suffix=".dot")
         os.close(fd)
         try:
@@ -560,7 +570,7 @@ class Graph:
 
     def to_svg(self) -> str:
         """The graph as an SVG picture, drawn without Graphviz (Jupyter shows a Graph so)."""
-        self.require_open()
+        self._require_open()
         from . import _display
         return str(getattr(_display, "graph_svg")(self))
 
@@ -575,7 +585,7 @@ class Graph:
 
     def __repr__(self) -> str:
         try:
-            self.require_open()
+            self._require_open()
         except ClosedError:
             return "<Graph (a context closed)>"
         return f"<Graph nodes={self.n_nodes} outputs={len(self.outputs)}>"

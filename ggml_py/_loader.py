@@ -72,6 +72,10 @@ if not HELPERS and hasattr(lib, "ggml_py_binary"):
                   f"build_ggml.py --ggml {BUILD.get('release', '<release>')})", GGMLWarning,
                   stacklevel=1)
 
+# ggml's log goes to logging.getLogger("ggml") from the first call on (ggml_py._log)
+from . import _log  # noqa: E402
+_log.install(ffi, lib)
+
 if BUILD.get("backend_dl"):
     # GGML_BACKEND_DL=ON: the backends are modules ggml loads at run time. ggml would look in
     # the interpreter's folder; ours are beside this build's libraries. Among the CPU variants

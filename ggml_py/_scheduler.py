@@ -1,7 +1,7 @@
 """The multi-device scheduler (owned): ``ggml_backend_sched``, one graph split across backends.
 
     >>> sched = gg.Scheduler([rpc_backend, cpu_backend])   # doctest: +SKIP
-    >>> sched.compute(gg.Graph(out)); sched.n_splits, sched.n_copies
+    >>> sched.compute(gg.Graph(out)); sched.n_splits, sched.n_tensor_copies
 
 ggml's rules, checked here first: at most GGML_SCHED_MAX_BACKENDS backends, the last one on a
 CPU device, every backend distinct, every op supported by some backend. Node memory placed by
@@ -23,7 +23,7 @@ import numpy as np
 
 from ._backend import Backend
 from ._graph import Graph
-from . import _handle
+from . import _handle, _written
 from ._handle import Owned, hand_over
 from ._liveness import endpoint_of, supports_op
 from ._loader import cstr, ffi, lib
@@ -90,6 +90,7 @@ class Scheduler(Owned):
         self._node_data: Any = np.zeros(0, np.uint64)
         # the graph ggml's allocator last measured (see _alloc); None: none yet
         self._measured: weakref.ref[Graph] | None = None
+        self._n_tensor_copies = 0      # tensors copied between backends (see n_tensor_copies)
 
     @property
     def graph(self) -> Graph | None:
@@ -99,7 +100,7 @@ class Scheduler(Owned):
     def _check(self, graph: Graph, *, inputs_set: bool) -> None:
         require(isinstance(graph, Graph), f"expected a gg.Graph, not {type(graph).__name__}",
                 InvalidType)
-        graph.require_open()
+        graph._require_open()
         self._alive()
         require(graph.n_nodes <= self._graph_size,
                 f"the graph has {graph.n_nodes} nodes; this scheduler was made for "
@@ -161,6 +162,8 @@ class Scheduler(Owned):
         self._forget()                 # the next compute splits the graph again
 
     def backend_of(self, tensor: Any) -> Backend | None:
+        """The Backend the scheduler placed (or was told to place) `tensor` on; None when not
+        placed."""
         p = lib.ggml_backend_sched_get_tensor_backend(self.ptr, tensor.ptr)
         found = next((b for b in self.backends if b.ptr == p), None)
         if found is None:
@@ -182,7 +185,7 @@ class Scheduler(Owned):
         # nodes another graph's allocator or scheduler placed, for its own graph (where they
         # may share memory with its other nodes), are placed again here
         addrs, _, _, other = graph.node_memory()
-        graph.let_go(addrs, other)
+        graph._let_go(addrs, other)
         lib.ggml_backend_sched_reset(self.ptr)
         self._apply_pins(graph)
         entries = list(graph.walk())
@@ -207,10 +210,13 @@ class Scheduler(Owned):
         if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
             self._forget()
             raise OutOfMemory("the scheduler could not allocate the graph (out of memory?)")
+        copied: set[int] = set()
         for t, srcs in sources:
             if any(a != b for a, b in zip(t.src, srcs)):
+                copied.update(_addr(a) for a, b in zip(t.src, srcs) if a != b)
                 for c in graph.contexts:       # (one of them holds the node)
                     c.rewired[_addr(t)] = (self, srcs)
+        self._n_tensor_copies = len(copied)
         self._wired = True
         self._node_data = graph.placement()      # where it placed each node
         self._epoch = _handle.EPOCH
@@ -266,13 +272,14 @@ class Scheduler(Owned):
             for c in sorted(graph.contexts, key=id):
                 stack.enter_context(c._lock)
             self._alive()
-            graph.require_open()           # before reading its index inputs
+            graph._require_open()           # before reading its index inputs
             if not self._wired or not any(entry[0] is graph for entry in self._placed):
                 self._alloc(graph, inputs_set=True)
             elif self._epoch != _handle.EPOCH:
                 self._recheck(graph)
             graph.check_indices()
             check_status(fn(self.ptr, graph.ptr), "scheduled graph compute")
+            _written.ran(graph, graph.contexts)   # its nodes hold values (see _written)
 
     def _recheck(self, graph: Graph) -> None:
         """Something closed or was handed back since the graph was placed. A leaf without
@@ -297,6 +304,7 @@ class Scheduler(Owned):
         self._epoch = _handle.EPOCH
 
     def synchronize(self) -> None:
+        """Wait until every backend of the scheduler finished its queued work."""
         with self._locked():
             self._alive()
             lib.ggml_backend_sched_synchronize(self.ptr)
@@ -327,17 +335,33 @@ class Scheduler(Owned):
 
     @property
     def n_splits(self) -> int:
+        """How many pieces ggml cut the placed graph into, one per change of backend."""
         return int(lib.ggml_backend_sched_get_n_splits(self.ptr))
 
     @property
-    def n_copies(self) -> int:
+    def n_graph_copies(self) -> int:
+        """ggml's number of pipeline copies of the graph's inputs (``sched_get_n_copies``):
+        1, or more with ``parallel=True``. Not the tensors copied between backends: that is
+        :attr:`n_tensor_copies`."""
         return int(lib.ggml_backend_sched_get_n_copies(self.ptr))
 
+    @property
+    def n_copies(self) -> int:
+        """Deprecated name of :attr:`n_graph_copies` (it never counted copied tensors)."""
+        return self.n_graph_copies
+
+    @property
+    def n_tensor_copies(self) -> int:
+        """How many tensors the scheduler copies from one backend to another at each compute
+        of the placed graph (the inputs of its splits); 0 before a graph is placed."""
+        return self._n_tensor_copies
+
     def buffer_size(self, backend: Backend) -> int:
+        """Bytes of the compute buffer the scheduler holds on `backend`."""
         self._member(backend, "buffer_size")
         return int(lib.ggml_backend_sched_get_buffer_size(self.ptr, backend.ptr))
 
-    def give_back_sources(self, contexts: Any = None) -> None:
+    def _give_back_sources(self, contexts: Any = None) -> None:
         """Point the split nodes of the placed graph at their own sources again, instead of
         the scheduler's copies (all of them, or only where the graph has a tensor in one of
         `contexts`, a dict of id -> Context); the next compute splits the graph again. Node
@@ -358,11 +382,11 @@ class Scheduler(Owned):
     def _forget(self) -> None:
         """Give graphs back as they were: their own sources again (not the scheduler's copies),
         and the nodes it placed read as unallocated."""
-        self.give_back_sources()
+        self._give_back_sources()
         if self._placed:
             _handle.changed()                # other graphs may share the nodes it placed
         for graph, nodes, _ in self._placed:
-            graph.forget_allocation()        # its nodes must be placed again before a compute
+            graph._forget_allocation()        # its nodes must be placed again before a compute
             if any(c.closed for c in graph.contexts):
                 continue                     # (its tensors' memory is gone)
             for t in nodes:
@@ -374,6 +398,7 @@ class Scheduler(Owned):
         self._placed = []
 
     def close(self) -> None:
+        """Free the scheduler (idempotent); the tensors it placed read as unallocated."""
         with self._lock:
             if self._raw is not None:
                 if self._guard is None or self._guard():   # a dead RPC server would abort

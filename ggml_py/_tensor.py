@@ -12,7 +12,7 @@ semantics, are the functions of :mod:`ggml_py.ops` (``gg.add``, ``gg.mul_mat``..
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, cast
 
 import numpy as np
 
@@ -29,6 +29,38 @@ Scalar = int | float | np.integer | np.floating
 
 def _is_scalar(x: object) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _constant(t: "Tensor", x: Any) -> "Tensor | None":
+    """The array-like `x` (an ndarray, a list, anything numpy turns into an array; not a
+    number, not a tensor) as a constant leaf of `t`'s context, converted to `t`'s dtype
+    (numpy's same_kind casting, else InvalidType); None when `x` is no array-like. Its
+    values are set when the context is allocated (at once when it has memory already)."""
+    if isinstance(x, (TensorBase, str, bytes)) or not (
+            isinstance(x, (np.ndarray, list, tuple)) or hasattr(x, "__array__")
+            or hasattr(x, "__array_interface__")):
+        return None
+    a = np.asarray(x)
+    dt = t.dtype
+    if dt is None:
+        raise InvalidType(f"{t.type.name} tensor with an array: arrays mix with plain-typed "
+                          "tensors only (f32, f16, i32...)")
+    if a.dtype.hasobject or not np.can_cast(a.dtype, dt, "same_kind"):
+        raise InvalidType(f"an array of {a.dtype} cannot become a {t.type.name} constant "
+                          f"(numpy's same_kind casting); convert it first")
+    return t.ctx.constant(a.astype(dt, copy=False).reshape(a.shape or (1,)))
+
+
+def _mixed(name: str, a: Any, b: Any, reflected: bool = False) -> "Tensor":
+    """a <op> b where one side is a tensor and the other an array-like (see _constant);
+    NotImplemented (for Python to try the other side) when it is neither."""
+    t, x = (b, a) if reflected else (a, b)
+    c = _constant(t, x)
+    if c is None:
+        return cast("Tensor", NotImplemented)
+    op = getattr(Tensor, name)
+    result: Tensor = op(c, t) if reflected else op(t, c)
+    return result
 
 
 def _divide_by(t: "Tensor", c: float) -> "Tensor":
@@ -50,7 +82,10 @@ class Tensor(TensorBase):
     """
 
     __slots__ = ()
-    __array_priority__ = 1000  # numpy defers to our operators
+    # numpy never takes an operation over: ndarray <op> Tensor returns NotImplemented, so
+    # Python asks the tensor's reflected operator (see docs/numpy-mixing.md)
+    __array_ufunc__ = None
+    __array_priority__ = 1000
 
     # -- graph structure ---------------------------------------------------------------------
     @property
@@ -73,10 +108,12 @@ class Tensor(TensorBase):
         lib.ggml_set_input(p)
 
     # -- data in and out --------------------------------------------------------------------
-    def set(self, array: Any, offset: int = 0) -> None:
-        """Copy `array` into the tensor (blocking). The array must match the tensor's dtype and
-        element count (or byte count for raw uint8 data at an offset)."""
-        _transfer.blocking_set(self, array, offset)
+    def set(self, array: Any, offset: int = 0, *, flat: bool = False) -> None:
+        """Copy `array` into the tensor (blocking). The array has the tensor's dtype and shape
+        (numpy order; float32 values of a quantized tensor's shape are quantized). `flat=True`
+        writes a run in memory order instead: the array's elements, of the tensor's dtype, or
+        raw uint8 bytes, at byte `offset`."""
+        _transfer.blocking_set(self, array, offset, flat)
 
     def numpy(self, *, copy: bool | None = None) -> np.ndarray:
         """The tensor's values as a numpy array.
@@ -87,6 +124,12 @@ class Tensor(TensorBase):
         require(copy is None or isinstance(copy, bool), "numpy: copy must be None or a bool",
                 InvalidType)
         return _transfer.to_numpy(self, copy)
+
+    def raw_numpy(self) -> np.ndarray:
+        """A copy of the tensor's memory as it is, written or not: the one read that does not
+        raise :class:`~ggml_py.errors.UnwrittenError` for values no one set, loaded, copied or
+        computed (``numpy()`` does)."""
+        return _transfer.to_numpy(self, True, raw=True)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         a = self.numpy(copy=True)
@@ -131,49 +174,52 @@ class Tensor(TensorBase):
     # + - * / of two tensors: numpy's semantics, the common case in one checked call
     # (ops.elementwise.binary_op); a Python number on the right goes to ggml's scale
     __add__: ClassVar[Callable[["Tensor", "Tensor | Scalar"], "Tensor"]] = binary_op(
-        "add", True, "a + b (numpy's broadcasting; b a tensor or a number)",
+        "add", True, "a + b (numpy's broadcasting; b a tensor, a number or an array)",
         lambda a, b: ops.scale_bias(_padded(a), 1.0, float(b)) if _is_scalar(b)
-        else NotImplemented)
+        else _mixed("__add__", a, b))
     __sub__: ClassVar[Callable[["Tensor", "Tensor | Scalar"], "Tensor"]] = binary_op(
-        "sub", True, "a - b (numpy's broadcasting; b a tensor or a number)",
+        "sub", True, "a - b (numpy's broadcasting; b a tensor, a number or an array)",
         lambda a, b: ops.scale_bias(_padded(a), 1.0, -float(b)) if _is_scalar(b)
-        else NotImplemented)
+        else _mixed("__sub__", a, b))
     __mul__: ClassVar[Callable[["Tensor", "Tensor | Scalar"], "Tensor"]] = binary_op(
-        "mul", True, "a * b (numpy's broadcasting; b a tensor or a number)",
-        lambda a, b: ops.scale(_padded(a), float(b)) if _is_scalar(b) else NotImplemented)
+        "mul", True, "a * b (numpy's broadcasting; b a tensor, a number or an array)",
+        lambda a, b: ops.scale(_padded(a), float(b)) if _is_scalar(b)
+        else _mixed("__mul__", a, b))
     __truediv__: ClassVar[Callable[["Tensor", "Tensor | Scalar"], "Tensor"]] = binary_op(
-        "div", True, "a / b (numpy's broadcasting; b a tensor or a number)",
-        lambda a, b: _divide_by(a, float(b)) if _is_scalar(b) else NotImplemented)
+        "div", True, "a / b (numpy's broadcasting; b a tensor, a number or an array)",
+        lambda a, b: _divide_by(a, float(b)) if _is_scalar(b)
+        else _mixed("__truediv__", a, b))
 
-    def __radd__(self, other: "Scalar") -> "Tensor":
+    def __radd__(self, other: Any) -> "Tensor":
         if _is_scalar(other):
             return ops.scale_bias(_padded(self), 1.0, float(other))
-        return NotImplemented
+        return _mixed("__add__", other, self, True)
 
-    def __rsub__(self, other: "Scalar") -> "Tensor":
+    def __rsub__(self, other: Any) -> "Tensor":
         if _is_scalar(other):
             return ops.scale_bias(_padded(self), -1.0, float(other))
-        return NotImplemented
+        return _mixed("__sub__", other, self, True)
 
-    def __rmul__(self, other: "Scalar") -> "Tensor":
+    def __rmul__(self, other: Any) -> "Tensor":
         if _is_scalar(other):
             return ops.scale(_padded(self), float(other))
-        return NotImplemented
+        return _mixed("__mul__", other, self, True)
 
-    def __rtruediv__(self, other: "Scalar") -> "Tensor":
+    def __rtruediv__(self, other: Any) -> "Tensor":
         if _is_scalar(other):
             a = self if self.is_contiguous else ops.cont(self)
             return ops.div(ops.fill(a, float(other)), a)
-        return NotImplemented
+        return _mixed("__truediv__", other, self, True)
 
-    def __matmul__(self, other: "Tensor") -> "Tensor":
+    def __matmul__(self, other: Any) -> "Tensor":
+        """numpy's ``a @ b``; `b` a tensor or an array-like (a constant leaf)."""
         if not isinstance(other, Tensor):
-            return NotImplemented
+            return _mixed("__matmul__", self, other)
         return ops.matmul(self, other)
 
-    def __rmatmul__(self, other: "Tensor") -> "Tensor":
+    def __rmatmul__(self, other: Any) -> "Tensor":
         if not isinstance(other, Tensor):
-            return NotImplemented
+            return _mixed("__matmul__", other, self, True)
         return ops.matmul(other, self)
 
     def __neg__(self) -> "Tensor":

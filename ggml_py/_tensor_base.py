@@ -49,7 +49,7 @@ def give_back_rewired(contexts: dict[int, Any]) -> None:
     scheds = {id(e[0]): e[0] for c in contexts.values() if c.rewired
               for e in list(c.rewired.values())}
     for sched in scheds.values():
-        sched.give_back_sources(contexts)
+        sched._give_back_sources(contexts)
 
 
 MAX_DIMS = int(lib.GGML_MAX_DIMS)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 import numpy as np
 
 from . import _types as T
+from ._written import require_written, wrote
 from ._loader import HELPERS, ffi, lib
 from .errors import InvalidArgument, InvalidType, require
 
@@ -102,12 +103,30 @@ def _whole(array: Any, t: "Tensor", offset: Any, writable: bool) -> "TypeGuard[n
 _COPY: Any = lib.ggml_py_copy if HELPERS else None
 
 
-def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:
+def _same_shape(t: "Tensor", array: Any, offset: Any, flat: bool, what: str) -> None:
+    """The shape rule of set/set_async: the array has the tensor's shape (numpy order), or
+    the caller says `flat=True` (elements in memory order, raw uint8 bytes, an offset)."""
+    if not flat and (type(array) is not np.ndarray or array.shape != t.shape or offset):
+        # (not an array, or an object array: the transfer's own checks say what is wrong)
+        shape = array.shape if isinstance(array, np.ndarray) and not array.dtype.hasobject \
+            else None
+        if shape is not None and shape == t.shape:
+            raise InvalidArgument(f"{what}: an offset writes a flat run; pass flat=True")
+        if shape is not None:
+            raise InvalidArgument(f"{what}: the array's shape {shape} differs from tensor "
+                                  f"{t.name or '(unnamed)'}'s {t.shape}; reshape it, or pass "
+                                  "flat=True to write its elements (or raw uint8 bytes) in "
+                                  "memory order")
+
+
+def blocking_set(t: "Tensor", array: Any, offset: Any = 0, flat: bool = False) -> None:
+    _same_shape(t, array, offset, flat, "set")
     if _whole(array, t, offset, writable=False):
         with t.ctx._lock:
             buf = ffi.from_buffer("void *", array)
             if _COPY is None or _COPY(t.ptr, buf, array.nbytes, 1) != 0:
                 lib.ggml_backend_tensor_set(t.require_memory("set"), buf, 0, array.nbytes)
+            wrote(t)
         return
     if (isinstance(array, np.ndarray) and t.dtype is None and array.dtype == np.float32
             and offset == 0 and array.size == t.size):
@@ -117,16 +136,21 @@ def blocking_set(t: "Tensor", array: Any, offset: Any = 0) -> None:
         with t.ctx._lock:
             lib.ggml_backend_tensor_set(t.require_memory("set"), ffi.from_buffer("void *", array),
                                         offset, array.nbytes)
+            wrote(t)
 
 
-def blocking_get(t: "Tensor", out: Any, offset: Any = 0) -> np.ndarray:
+def blocking_get(t: "Tensor", out: Any, offset: Any = 0, raw: bool = False) -> np.ndarray:
     if _whole(out, t, offset, writable=True):
+        if not raw:
+            require_written(t, "get")
         with t.ctx._lock:
             buf = ffi.from_buffer("void *", out, require_writable=True)
             if _COPY is None or _COPY(t.ptr, buf, out.nbytes, 0) != 0:
                 lib.ggml_backend_tensor_get(t.require_memory("get"), buf, 0, out.nbytes)
         return out
     out, offset = _host_array(t, out, offset, writable=True, what="get", memory=False)
+    if not raw:
+        require_written(t, "get")
     if out.nbytes:
         with t.ctx._lock:
             lib.ggml_backend_tensor_get(t.require_memory("get"),
@@ -149,9 +173,11 @@ class _HostView:
         }
 
 
-def to_numpy(t: "Tensor", copy: bool | None) -> np.ndarray:
+def to_numpy(t: "Tensor", copy: bool | None, raw: bool = False) -> np.ndarray:
     t.require_memory("numpy()")
     if t.dtype is not None and t.is_host and copy is not True:
+        if not raw:
+            require_written(t, "numpy()")
         # a view of the buffer: it keeps the tensor's context (and so the buffer) alive; a
         # buffer closed by hand under it marks its tensors unallocated, so copy=False is only
         # offered where the buffer belongs to the context
@@ -159,10 +185,12 @@ def to_numpy(t: "Tensor", copy: bool | None) -> np.ndarray:
     require(copy is not False, "numpy(copy=False): this tensor is not plain host memory; "
             "a copy is needed")
     require(t.is_contiguous, "numpy(): the tensor is a non-contiguous view; compute gg.cont(t)")
+    if not raw:
+        require_written(t, "numpy()")
     if t.dtype is not None:
-        return blocking_get(t, np.empty(t.shape, dtype=t.dtype))
-    raw = blocking_get(t, np.empty(t.nbytes, dtype=np.uint8))
-    return T.from_float_bytes(t.type, raw, t.size).reshape(t.shape)
+        return blocking_get(t, np.empty(t.shape, dtype=t.dtype), raw=True)
+    data = blocking_get(t, np.empty(t.nbytes, dtype=np.uint8), raw=True)
+    return T.from_float_bytes(t.type, data, t.size).reshape(t.shape)
 
 
 def _same_device(t: "Tensor", backend: "Backend", role: str, *, strict: bool = False) -> None:
@@ -183,7 +211,9 @@ def _same_device(t: "Tensor", backend: "Backend", role: str, *, strict: bool = F
                           f"backend {backend.name}")
 
 
-def set_async(backend: "Backend", t: "Tensor", array: Any, offset: Any = 0) -> None:
+def set_async(backend: "Backend", t: "Tensor", array: Any, offset: Any = 0,
+              flat: bool = False) -> None:
+    _same_shape(t, array, offset, flat, "set_async")
     with _holding((backend,), (t,)):     # (checks too: a buffer may close meanwhile)
         array, offset = _host_array(t, array, offset, writable=False, what="set_async")
         _same_device(t, backend, "the", strict=True)
@@ -193,11 +223,13 @@ def set_async(backend: "Backend", t: "Tensor", array: Any, offset: Any = 0) -> N
         if array.nbytes:
             lib.ggml_backend_tensor_set_async(backend.ptr, p, ffi.from_buffer("void *", array),
                                               offset, array.nbytes)
+            wrote(t)
 
 
 def get_async(backend: "Backend", t: "Tensor", out: Any, offset: Any = 0) -> np.ndarray:
     with _holding((backend,), (t,)):     # (checks too: a buffer may close meanwhile)
         out, offset = _host_array(t, out, offset, writable=True, what="get_async")
+        require_written(t, "get_async")
         _same_device(t, backend, "the", strict=True)
         backend.ensure_alive()
         p = t.ptr
@@ -249,6 +281,7 @@ def copy_async(src: "Tensor", dst: "Tensor", src_backend: "Backend", dst_backend
         src_backend.keep_until_synchronized(src)
         dst_backend.keep_until_synchronized((src, dst))
         lib.ggml_backend_tensor_copy_async(src_backend.ptr, dst_backend.ptr, ps, pd)
+        wrote(dst)
 
 
 def _tensor(t: Any, what: str, role: str) -> None:
@@ -267,3 +300,4 @@ def copy(src: "Tensor", dst: "Tensor") -> None:
                 f"{dst.type.name}{dst.shape})")
         require(src._p != dst._p, "copy: source and destination are the same tensor")
         lib.ggml_backend_tensor_copy(ps, pd)
+        wrote(dst)

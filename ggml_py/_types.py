@@ -32,10 +32,12 @@ class GGMLType(int):
 
     @property
     def name(self) -> str:
+        """ggml's name of the type ("f32", "q4_0"...)."""
         return self._name
 
     @property
     def block_size(self) -> int:
+        """Elements per block (1 for plain types, 32 for q4_0...)."""
         return self._block
 
     @property
@@ -45,6 +47,7 @@ class GGMLType(int):
 
     @property
     def is_quantized(self) -> bool:
+        """Whether the type stores quantized blocks (ggml's ``ggml_is_quantized``)."""
         return self._quantized
 
     @property
@@ -53,6 +56,7 @@ class GGMLType(int):
         return _NUMPY.get(self._name)
 
     def row_size(self, n: int) -> int:
+        """Bytes of a row of `n` elements of this type (``ggml_row_size``)."""
         return int(lib.ggml_row_size(self, n))
 
     def __repr__(self) -> str:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import cffi
 import numpy as np
 
+from . import _written
 from ._device import device as find_device
 
 if TYPE_CHECKING:
@@ -210,4 +211,11 @@ def from_dlpack(obj: Any, ctx: "Context", name: str | None = None) -> "Tensor":
     check_status(lib.ggml_backend_tensor_alloc(buf.ptr, t.ptr, ffi.cast("void *", buf.base)),
           "tensor alloc")
     ctx.adopt(buf)
+    _written.wrote(t)                     # the array's values, shared
     return t
+
+__all__ = ["from_dlpack", "device", "capsule"]
+
+
+def __dir__() -> list[str]:       # dir() and help() show the module's API only
+    return sorted(__all__)

@@ -43,6 +43,11 @@ class RPCVersionError(RPCError):
     """The server is of a ggml release whose RPC protocol this build cannot talk to."""
 
 
+class UnwrittenError(InvalidArgument):
+    """Reading a tensor whose values no one wrote (no set, load, copy or compute since its
+    memory was placed); ``t.raw_numpy()`` reads raw memory on purpose."""
+
+
 class OutOfMemory(GGMLError, MemoryError):
     """A device could not allocate, or a size exceeds what can exist (ggml would abort on its
     failed malloc)."""
@@ -97,3 +102,11 @@ def require(cond: bool, message: str, exc: type[GGMLError] = InvalidArgument) ->
     """Validation before calling into C, where ggml would abort the process instead."""
     if not cond:
         raise exc(message)
+
+__all__ = ["GGMLError", "ClosedError", "UnsupportedError", "InvalidArgument", "InvalidType",
+           "NotFound", "RPCError", "RPCVersionError", "OutOfMemory", "GGMLWarning",
+           "UnwrittenError"]
+
+
+def __dir__() -> list[str]:       # dir() and help() show the module's API only
+    return sorted(__all__)

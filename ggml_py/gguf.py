@@ -75,6 +75,7 @@ class TensorInfo:
 
     @property
     def ggml_type(self) -> "GGMLType":
+        """The tensor's type as a ggml_py GGMLType (``gg.f32``...)."""
         import ggml_py as gg
         return gg.TYPES[self.type]
 
@@ -441,3 +442,7 @@ def write(path: str | os.PathLike[str], metadata: dict[str, Any] | None = None,
     """
     from ._gguf_write import write as _write
     _write(path, metadata or {}, tensors or {}, types or {})
+
+
+def __dir__() -> list[str]:       # dir() and help() show the module's API only
+    return sorted(__all__)

@@ -528,3 +528,7 @@ def _backward_checked(out: Tensor, params: list[Tensor], what: str) -> list[Tens
 
 __all__ = ["Dataset", "Optimizer", "Result", "NonFiniteError", "gradients", "LOSSES", "OPTIMIZERS",
            "BACKWARD_OPS"]
+
+
+def __dir__() -> list[str]:       # dir() and help() show the module's API only
+    return sorted(__all__)

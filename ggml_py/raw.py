@@ -13,3 +13,7 @@ from __future__ import annotations
 from ._loader import ffi, lib
 
 __all__ = ["ffi", "lib"]
+
+
+def __dir__() -> list[str]:       # dir() and help() show the module's API only
+    return sorted(__all__)

@@ -173,6 +173,7 @@ class Server:
 
     @property
     def alive(self) -> bool:
+        """Whether the server process still runs."""
         return self.proc.poll() is None
 
     def close(self) -> None:
@@ -359,6 +360,7 @@ class EndpointRegistry(Registry):
 
     @property
     def devices(self) -> list[Device]:
+        """The server's devices, as this process sees them (named RPC<i> in the process' order)."""
         return list(self._devices)
 
 
@@ -392,3 +394,10 @@ def _keep_connected(endpoint: str, devices: list[Device]) -> None:
 
 
 # The server process itself (`python -m ggml_py rpc-server`) is ggml_py/_rpc_server.py.
+
+__all__ = ["serve", "connect", "Server", "EndpointRegistry", "probe", "hello", "parse_endpoint",
+           "WARNING"]
+
+
+def __dir__() -> list[str]:       # dir() and help() show the module's API only
+    return sorted(__all__)

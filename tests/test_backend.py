@@ -79,5 +79,5 @@ def test_partial_set_with_offset(cpu):
         t = ctx.tensor(gg.f32, (8,))
         ctx.alloc(be)
         t.set(np.zeros(8, np.float32))
-        t.set(np.ones(2, np.float32).view(np.uint8), offset=8)
+        t.set(np.ones(2, np.float32).view(np.uint8), offset=8, flat=True)
         assert t.numpy().tolist() == [0, 0, 1, 1, 0, 0, 0, 0]

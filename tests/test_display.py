@@ -212,8 +212,8 @@ def test_scheduler_colours_splits_and_copies(rpc_devs, rng):
     assert {DG.FILLS[0], DG.FILLS[1]} <= fills                  # RPC0 and RPC1 boxes
     for name in [d.name for d in rpc_devs] + ["CPU"]:         # legend by device name
         assert f">{name}<" in svg
-    if sched.n_copies:
-        assert "copy of" in svg and 'stroke-dasharray="4 3"' in svg
+    assert sched.n_tensor_copies > 0                          # weights on RPC, input on the CPU
+    assert "copy of" in svg and 'stroke-dasharray="4 3"' in svg
 
     found = D.splits(sched, g)
     assert len(found) == sched.n_splits
@@ -221,6 +221,7 @@ def test_scheduler_colours_splits_and_copies(rpc_devs, rng):
     assert sum(len(s["nodes"]) for s in found) == g.n_nodes
     text = D.scheduler_html(sched, g)
     assert f"{sched.n_splits} splits" in text and "<svg" in text
+    assert f"{sched.n_tensor_copies} tensors copied between backends" in text
     assert text.count("<tr>") >= 1 + len(backends) + 1 + len(found)
     sched.close()
     assert "closed" in D.scheduler_html(sched)

@@ -47,3 +47,7 @@ def bind(cls: type) -> None:
 
 _ = (abs, cos, elu, exp, gelu, gelu_quick, hardsigmoid, hardswish, log, neg, relu, sgn, sigmoid,
      silu, sin, sqr, sqrt, step, tanh)
+
+
+def __dir__() -> list[str]:       # dir() and help() show the module's API only
+    return sorted(__all__)

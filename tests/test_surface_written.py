@@ -1,0 +1,76 @@
+"""Reading values no one wrote raises (issue 32, item 3): a set, a load, a copy or a compute
+writes a tensor; its memory placed again forgets it; t.raw_numpy() reads raw memory on purpose."""
+import numpy as np
+import pytest
+
+import ggml_py as gg
+
+
+@pytest.fixture
+def be():
+    with gg.device("CPU").backend() as b:
+        yield b
+
+
+def test_allocated_but_never_set_raises(be):
+    ctx = gg.Context()
+    t = ctx.tensor(gg.f32, (4,), "t")
+    ctx.alloc(be)
+    with pytest.raises(gg.UnwrittenError, match="tensor t holds no values"):
+        t.numpy()
+    with pytest.raises(gg.UnwrittenError):
+        be.get(t)
+    with pytest.raises(gg.UnwrittenError):
+        np.asarray(t)
+    assert t.raw_numpy().shape == (4,)           # on purpose, by name
+    t.set(np.arange(4, dtype=np.float32))
+    np.testing.assert_array_equal(t.numpy(), np.arange(4))
+
+
+def test_a_node_reads_once_its_graph_computed(be):
+    ctx = gg.Context()
+    a = ctx.from_numpy(np.ones(4, np.float32))     # from_numpy's values: set at alloc
+    ctx.alloc(be)
+    np.testing.assert_array_equal(a.numpy(), 1)
+    y = gg.cont(a * 3)
+    g = gg.Graph(y)
+    g2 = gg.Graph(y * 2)                           # placed by its own compute, never run
+    with pytest.raises((gg.UnwrittenError, gg.InvalidArgument)):
+        y.numpy()
+    be.compute(g)
+    np.testing.assert_array_equal(y.numpy(), 3)
+    np.testing.assert_array_equal(y.reshape((2, 2)).numpy(), 3)   # a view of written memory
+    del g2
+
+
+def test_copies_and_async_writes_count(be):
+    ctx = gg.Context()
+    a = ctx.from_numpy(np.arange(4, dtype=np.float32))
+    b, c = ctx.tensor(gg.f32, (4,)), ctx.tensor(gg.f32, (4,))
+    ctx.alloc(be)
+    gg.copy(a, b)
+    np.testing.assert_array_equal(b.numpy(), np.arange(4))
+    be.set_async(c, np.full(4, 2, np.float32))
+    be.synchronize()
+    np.testing.assert_array_equal(c.numpy(), 2)
+
+
+def test_memory_placed_again_reads_as_unwritten(be):
+    ctx = gg.Context()
+    t = ctx.from_numpy(np.ones(4, np.float32))
+    (buf,) = ctx.alloc(be)
+    t.numpy()
+    buf.close()                                     # the memory is gone
+    ctx.alloc(be)                                   # placed again: nothing wrote it since
+    with pytest.raises(gg.UnwrittenError):
+        t.numpy()
+
+
+def test_scheduler_nodes_read_after_compute(be):
+    ctx = gg.Context()
+    x = ctx.from_numpy(np.arange(4, dtype=np.float32))
+    ctx.alloc(be)
+    y = gg.exp(x)
+    with gg.Scheduler([be]) as sched:
+        sched.compute(gg.Graph(y))
+        np.testing.assert_allclose(y.numpy(), np.exp(np.arange(4)), rtol=1e-6)
