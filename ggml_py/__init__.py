@@ -49,6 +49,8 @@ if TYPE_CHECKING:                  # what type checkers and readers see: the who
                           devices as devices, registries as registries)
     from ._event import Event as Event
     from ._graph import Graph as Graph
+    from ._meta import (Split as Split, meta_device as meta_device,
+                        meta_reduce as meta_reduce)
     from ._loader import BUILD as BUILD, BUILD_DIR as BUILD_DIR, ffi as ffi, lib as lib
     from ._scheduler import Scheduler as Scheduler
     from ._tensor import Tensor as Tensor
@@ -64,7 +66,7 @@ _FACE = [
     "copy", "copy_async", "from_dlpack", "aligned_empty", "GGMLError", "ClosedError",
     "UnsupportedError", "InvalidArgument", "InvalidType", "NotFound", "OutOfMemory",
     "RPCError", "RPCVersionError", "GGMLWarning", "BUILD", "BUILD_DIR", "ffi", "lib", "ops",
-    "rpc", "gguf", "dlpack"]
+    "rpc", "gguf", "dlpack", "Split", "meta_device", "meta_reduce"]
 
 
 def _load() -> None:
@@ -94,7 +96,8 @@ _HOMES = {
     "_backend": ("Backend",), "_buffer": ("Buffer", "aligned_empty"), "_context": ("Context",),
     "_device": ("BufferType", "Caps", "Device", "DeviceList", "Registry", "device", "devices",
                 "registries"),
-    "_event": ("Event",), "_graph": ("Graph",), "_loader": ("BUILD", "BUILD_DIR", "ffi", "lib"),
+    "_event": ("Event",), "_graph": ("Graph",),
+    "_meta": ("Split", "meta_device", "meta_reduce"), "_loader": ("BUILD", "BUILD_DIR", "ffi", "lib"),
     "_scheduler": ("Scheduler",), "_tensor": ("Tensor",), "_transfer": ("copy", "copy_async"),
     "_types": ("TYPES", "GGMLType", "quantize")}
 

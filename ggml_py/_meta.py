@@ -1,0 +1,824 @@
+"""Tensor parallelism: ggml's meta device (ggml 0.26+), ``gg.meta_device(devices, split)``.
+
+A meta device wraps several devices into one: its buffers hold each tensor split across
+them, its backend runs the graph on every part and all-reduces partial sums. How each
+*weight* (a tensor of a static buffer) is split is the caller's :class:`Split`; ggml derives
+the split of every computed node from its sources, and aborts the process on combinations it
+does not implement. This module
+
+- resolves every split in Python when a context is allocated on the meta device
+  (``Context.alloc``), before ggml sees the tensors: the caller's ``split`` runs there, its
+  exceptions reach the caller, and the C callback ggml calls later only looks the answer up
+  (it never runs caller code, never raises through C, and its state lives as long as the
+  process, since ggml never frees a meta device);
+- replays ggml's split-state propagation (``ggml-backend-meta.cpp``) over a graph before the
+  meta backend computes it, refusing what ggml would abort on with the op and the split
+  states named (:func:`plan`);
+- refuses reads and writes ggml would abort on (a PARTIAL tensor's values, a non-contiguous
+  split tensor, axis 3...).
+
+Axes are numpy's (``Split(axis=-1)`` splits the last numpy axis, ggml's axis 0).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+from . import _device
+from ._backend import Backend
+from ._device import Device
+from ._liveness import compose, ensure_alive
+from ._loader import cstr, ffi, lib
+from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, require
+
+ADDED_IN = "0.26.0"        # the release whose ggml-backend.h declares ggml_backend_meta_device
+MAX_DEVICES = int(getattr(lib, "GGML_BACKEND_META_MAX_DEVICES", 16))
+MAX_DIMS = 4
+MIRRORED, PARTIAL, NONE, UNKNOWN = 10, 11, 98, 99
+_NAMES = {MIRRORED: "MIRRORED", PARTIAL: "PARTIAL", NONE: "NONE", UNKNOWN: "UNKNOWN"}
+
+
+def available() -> bool:
+    return hasattr(lib, "ggml_backend_meta_device")
+
+
+def require_meta() -> None:
+    if not available():
+        from . import ggml_version
+        raise UnsupportedError(f"meta devices (tensor parallelism) need ggml {ADDED_IN} or "
+                               f"later; this build is ggml {ggml_version()}")
+
+
+# -- split states --------------------------------------------------------------------------
+
+class State:
+    """A split state as ggml keeps it: ggml axis (0-3), MIRRORED or PARTIAL; for axes, the
+    elements per segment and device (``ne[s*n + j]``) and each segment's repeat count."""
+
+    __slots__ = ("axis", "ne", "nr", "n_seg")
+
+    def __init__(self, axis: int, ne: Sequence[int] = (), nr: Sequence[int] = (1,),
+                 n_seg: int = 1) -> None:
+        self.axis, self.ne, self.nr, self.n_seg = axis, list(ne), list(nr), n_seg
+
+    @property
+    def split(self) -> bool:
+        return 0 <= self.axis < MAX_DIMS
+
+    def per_device(self, n: int) -> list[int]:
+        """Elements along the split axis on each device (segments and repeats summed)."""
+        out = []
+        for j in range(n):
+            out.append(sum(self._ne(s * n + j) * self._nr(s) for s in range(self.n_seg)))
+        return out
+
+    def _ne(self, i: int) -> int:
+        return self.ne[i] if i < len(self.ne) else 0
+
+    def _nr(self, s: int) -> int:
+        return self.nr[s] if s < len(self.nr) else 0
+
+    def name(self, ndim: int | None = None) -> str:
+        if not self.split:
+            return _NAMES.get(self.axis, str(self.axis))
+        if ndim:
+            return f"axis {ndim - 1 - self.axis} (ggml {self.axis})"
+        return f"ggml axis {self.axis}"
+
+    def copy(self) -> "State":
+        return State(self.axis, self.ne, self.nr, self.n_seg)
+
+    def cdata(self, n: int) -> Any:
+        s = ffi.new("struct ggml_backend_meta_split_state *")
+        s.axis = self.axis
+        s.n_segments = self.n_seg
+        for i, r in enumerate(self.nr[:16]):
+            s.nr[i] = r
+        for i in range(min(len(self.ne), 16 * MAX_DEVICES)):
+            s.ne[i] = self.ne[i]
+        return s
+
+    def __repr__(self) -> str:
+        return f"<State {self.name()} ne={self.ne} nr={self.nr[:self.n_seg]}>"
+
+
+class Split:
+    """How a weight is split over a meta device's parts.
+
+    ``Split(axis=k)``: numpy axis `k` cut into near-equal slices, one per device (``sizes=``
+    gives them: one length per device). ``segments=[q, k, v]``: the axis holds fused tensors
+    (a QKV weight), each segment split on its own, so each device gets a slice of each.
+    ``Split.MIRRORED``: a whole copy on every device. ``Split.PARTIAL``: every device holds a
+    share of a sum (values written are divided among the devices; f32 only).
+    """
+
+    __slots__ = ("axis", "sizes", "segments", "kind")
+    MIRRORED: "Split"
+    PARTIAL: "Split"
+
+    def __init__(self, axis: int | None = None, *, sizes: Sequence[int] | None = None,
+                 segments: Sequence[int] | None = None, _kind: int | None = None) -> None:
+        if _kind is None:
+            require(isinstance(axis, int) and not isinstance(axis, bool),
+                    f"Split: axis must be an int (numpy order), not {axis!r}", InvalidType)
+        for what, v in (("sizes", sizes), ("segments", segments)):
+            if v is not None:
+                require(isinstance(v, (list, tuple)) and len(v) > 0 and all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v),
+                    f"Split: {what} must be a non-empty list of ints >= 0, got {v!r}",
+                    InvalidType)
+        require(sizes is None or segments is None,
+                "Split: give sizes (per device) or segments (fused tensors), not both")
+        require(segments is None or len(segments) <= 16,
+                f"Split: at most 16 segments, got {len(segments or ())}")
+        self.axis, self.kind = axis, _kind
+        self.sizes = None if sizes is None else tuple(sizes)
+        self.segments = None if segments is None else tuple(segments)
+
+    def __repr__(self) -> str:
+        if self.kind is not None:
+            return f"Split.{_NAMES[self.kind]}"
+        extra = f", sizes={list(self.sizes)}" if self.sizes else \
+            f", segments={list(self.segments)}" if self.segments else ""
+        return f"Split(axis={self.axis}{extra})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Split) and (self.axis, self.kind, self.sizes, self.segments) \
+            == (other.axis, other.kind, other.sizes, other.segments)
+
+    def __hash__(self) -> int:
+        return hash((self.axis, self.kind, self.sizes, self.segments))
+
+    def resolve(self, name: str, shape: Sequence[int], ne: Sequence[int], block: int,
+                is_f32: bool, n: int) -> State:
+        """The ggml split state of a tensor of numpy `shape` (ggml `ne`) over `n` devices;
+        InvalidArgument for what ggml would abort on."""
+        if self.kind == MIRRORED:
+            return State(MIRRORED)
+        if self.kind == PARTIAL:
+            require(is_f32, f"Split.PARTIAL of {name!r}: ggml writes partial sums of f32 "
+                            "tensors only")
+            return State(PARTIAL)
+        ndim = len(shape)
+        assert self.axis is not None
+        require(-ndim <= self.axis < ndim,
+                f"Split(axis={self.axis}) of {name!r}: the tensor has {ndim} axes {tuple(shape)}")
+        k = self.axis % ndim
+        gax = ndim - 1 - k
+        length = int(ne[gax])
+        gran = block if gax == 0 else 1
+        what = f"Split(axis={self.axis}) of {name!r} {tuple(shape)}"
+        if self.segments is not None:
+            require(sum(self.segments) == length,
+                    f"{what}: segments {list(self.segments)} add up to {sum(self.segments)}, "
+                    f"not the axis length {length}")
+            require(gax in (0, 1) and int(ne[3]) == 1 and (gax == 1 or int(ne[2]) == 1),
+                    f"{what}: ggml reads and writes segmented tensors split on their last two "
+                    "numpy axes only, with at most 2 (axis -1) or 3 (axis -2) dimensions")
+            ne_out: list[int] = []
+            for seg in self.segments:
+                ne_out += _even(seg, n, gran, what)
+            return State(gax, ne_out, [1] * len(self.segments), len(self.segments))
+        if self.sizes is not None:
+            require(len(self.sizes) == n, f"{what}: sizes has {len(self.sizes)} entries for "
+                                          f"{n} devices")
+            require(sum(self.sizes) == length, f"{what}: sizes {list(self.sizes)} add up to "
+                                               f"{sum(self.sizes)}, not the axis length {length}")
+            require(all(s % gran == 0 for s in self.sizes),
+                    f"{what}: each size must be a multiple of the type's block size {gran}")
+            return State(gax, list(self.sizes))
+        return State(gax, _even(length, n, gran, what))
+
+
+Split.MIRRORED = Split(_kind=MIRRORED)
+Split.PARTIAL = Split(_kind=PARTIAL)
+
+
+def _even(length: int, n: int, gran: int, what: str) -> list[int]:
+    require(length % gran == 0, f"{what}: the axis length {length} is not a multiple of the "
+                                f"type's block size {gran}")
+    blocks = length // gran
+    return [(blocks // n + (1 if j < blocks % n else 0)) * gran for j in range(n)]
+
+
+SplitSpec = Callable[[Any], "Split | None"] | Mapping[str, Split]
+
+
+# -- the C callback ---------------------------------------------------------------------------
+
+_KEEP: list[Any] = []            # (splitter, handle) of every meta device: ggml never frees one
+_CALLBACK: Any = None
+_SAFE: Any = None                # a MIRRORED state, made before any call needs it
+
+
+def _callback() -> Any:
+    global _CALLBACK, _SAFE
+    if _CALLBACK is None:
+        _SAFE = State(MIRRORED).cdata(1)
+
+        def _get_split_state(t: Any, ud: Any) -> Any:
+            # called from C: never raises (a Python exception must not unwind through C)
+            try:
+                return ffi.from_handle(ud).c_state(t)[0]
+            except BaseException as e:  # noqa: BLE001 (recorded, raised later to the caller)
+                try:
+                    ffi.from_handle(ud).errors.append(e)
+                except BaseException:   # noqa: BLE001
+                    pass
+                return _SAFE[0]
+
+        _CALLBACK = ffi.callback("ggml_backend_meta_get_split_state_t", _get_split_state)
+    return _CALLBACK
+
+
+class _Splitter:
+    """A meta device's answers to ggml's split-state callback, keyed by tensor address."""
+
+    def __init__(self, spec: SplitSpec, n: int) -> None:
+        self.spec, self.n = spec, n
+        self.states: dict[int, tuple[State, Any, tuple[Any, ...]]] = {}
+        self.errors: list[BaseException] = []
+
+    def ask(self, t: Any) -> Split:
+        spec = self.spec
+        if callable(spec):
+            got = spec(t)
+        else:
+            got = spec.get(t.name, None)
+        if got is None:
+            return Split.MIRRORED
+        if not isinstance(got, Split):
+            raise InvalidType(f"split({t.name!r}) returned {type(got).__name__}; expected a "
+                              "gg.Split or None (mirrored)")
+        return got
+
+    def admit(self, tensors: list[Any]) -> None:
+        """Resolve every tensor's split (in Python: the caller's exceptions reach the
+        caller) before ggml places them."""
+        found = {}
+        for t in tensors:
+            require(t.size > 0, f"meta device: tensor {t.name!r} is empty (ggml aborts on "
+                                "empty tensors in a meta buffer)")
+            sp = self.ask(t)
+            st = sp.resolve(t.name, t.shape, t.ne, t.type.block_size,
+                            t.type.name == "f32", self.n)
+            found[_addr(t.ptr)] = (st, st.cdata(self.n), _fingerprint(t.ptr))
+        self.states.update(found)
+
+    def c_state(self, raw: Any) -> Any:
+        got = self.states.get(_addr(raw))
+        if got is not None and got[2] == _fingerprint(raw):
+            return got[1]
+        # a tensor placed without Context.alloc (raw calls): mirrored, and said so later
+        self.errors.append(InvalidArgument(
+            f"meta device: tensor {cstr(raw.name)!r} was placed without Context.alloc, so no "
+            "split was resolved for it; it is mirrored"))
+        st = State(MIRRORED)
+        c = st.cdata(self.n)
+        self.states[_addr(raw)] = (st, c, _fingerprint(raw))
+        return c
+
+    def static_state(self, raw: Any) -> State | None:
+        got = self.states.get(_addr(raw))
+        return got[0] if got is not None and got[2] == _fingerprint(raw) else None
+
+    def raise_pending(self) -> None:
+        if self.errors:
+            err, self.errors = self.errors[0], []
+            raise err
+
+
+def _addr(p: Any) -> int:
+    return int(ffi.cast("uintptr_t", p))
+
+
+def _fingerprint(p: Any) -> tuple[Any, ...]:
+    return (int(p.type), tuple(p.ne), cstr(p.name))
+
+
+# -- devices and backends -------------------------------------------------------------------
+
+_BY_DEV: dict[int, "MetaDevice"] = {}
+
+
+class MetaDevice(Device):
+    """A device made of several (``gg.meta_device``): tensors in its buffers are split over
+    its `parts` as its `split` says; its backend computes on all of them."""
+
+    __slots__ = ("parts", "_splitter")
+
+    @property
+    def type(self) -> str:
+        return "meta"
+
+    @property
+    def part_ptrs(self) -> list[Any]:
+        return [d.ptr for d in self.parts]
+
+    @property
+    def n_parts(self) -> int:
+        return len(self.parts)
+
+    @property
+    def allreduce(self) -> str:
+        return allreduce_of(self.parts)
+
+    def backend(self, n_threads: int | None = None, params: str | None = None) -> Backend:
+        require(n_threads is None, "a meta device's backend takes no n_threads (its parts "
+                                   "are started with their defaults)", UnsupportedError)
+        ensure_alive(self.ptr)
+        be = MetaBackend._create(self, params=params)
+        assert isinstance(be, MetaBackend)
+        return be
+
+    def check_access(self, raw: Any, what: str) -> None:
+        """What ggml's meta buffer aborts on when `raw` is read or written (`what`)."""
+        self._splitter.raise_pending()
+        st = plan_tensor(raw)
+        name = cstr(raw.name) or "(unnamed)"
+        desc = f"{what} of {name!r} on {self.name}"
+        if st.axis == PARTIAL and what.startswith("get"):
+            raise InvalidArgument(
+                f"{desc}: its split state is PARTIAL (each device holds a partial sum) and "
+                "ggml cannot read it; reduce it first: gg.meta_reduce(t) in the graph "
+                "(an op after it makes ggml all-reduce it)")
+        if st.axis == PARTIAL and int(raw.type) != int(lib.GGML_TYPE_F32):
+            raise InvalidArgument(f"{desc}: ggml writes PARTIAL tensors of f32 only")
+        if st.axis != MIRRORED and not lib.ggml_is_contiguous(raw):
+            raise InvalidArgument(f"{desc}: a split tensor ({st.name()}) that is not "
+                                  "contiguous cannot be read or written by ggml")
+        if st.split and (st.n_seg != 1 or st.nr[0] != 1):
+            if not (st.axis in (0, 1) and raw.ne[3] == 1 and (st.axis == 1 or raw.ne[2] == 1)):
+                raise InvalidArgument(f"{desc}: ggml reads and writes segmented tensors only "
+                                      "split on ggml axis 0 (2-d) or 1 (3-d)")
+        elif st.axis == 3:
+            raise InvalidArgument(f"{desc}: ggml reads and writes tensors split on ggml axis "
+                                  "3 (numpy axis 0 of a 4-d tensor) with no code (it aborts)")
+
+    def where(self, tensor: Any) -> list[tuple[str, tuple[slice, ...] | str]]:
+        """Which slice of `tensor` (numpy indices) lives on which part."""
+        st = plan_tensor(tensor.ptr)
+        shape = tensor.shape
+        n = self.n_parts
+        out: list[tuple[str, tuple[slice, ...] | str]] = []
+        if not st.split:
+            label = "all (mirrored)" if st.axis == MIRRORED else "a partial sum of all"
+            return [(d.name, label) for d in self.parts]
+        k = len(shape) - 1 - st.axis
+        for j, d in enumerate(self.parts):
+            idx: list[slice] = []
+            start = 0
+            for s in range(st.n_seg):
+                for r in range(st._nr(s)):
+                    for jj in range(n):
+                        size = st._ne(s * n + jj)
+                        if jj == j and size:
+                            idx.append(slice(start, start + size))
+                        start += size
+            cut = tuple(slice(None) if i != k else idx[0] for i in range(len(shape))) \
+                if len(idx) == 1 else tuple(idx)
+            out.append((d.name, cut))
+        return out
+
+    def __repr__(self) -> str:
+        return (f"<Device {self.name} (meta) over {[d.name for d in self.parts]} "
+                f"allreduce={self.allreduce}>")
+
+    def _repr_html_(self) -> str:
+        import html
+        rows = "".join(f"<tr><td>{j}</td><td>{html.escape(d.name)}</td>"
+                       f"<td>{html.escape(d.description)}</td></tr>"
+                       for j, d in enumerate(self.parts))
+        return (f"<b>{html.escape(self.name)}</b> (meta device, allreduce: "
+                f"{html.escape(self.allreduce)})<table><tr><th>part</th><th>device</th>"
+                f"<th>description</th></tr>{rows}</table>")
+
+
+class MetaBackend(Backend):
+    """The backend of a meta device: each compute is planned first (:func:`plan`)."""
+
+    @property
+    def allreduce(self) -> str:
+        """Which all-reduce sums partial results: the parts' registry's own
+        (``ggml_backend_comm_allreduce_tensor``: RPC protocol 8, CUDA) or ggml's generic
+        fallback (copies and adds between the parts' backends)."""
+        dev = self.device
+        assert isinstance(dev, MetaDevice)
+        return dev.allreduce
+
+    def compute(self, graph: Any) -> None:
+        plan(graph, self)
+        super().compute(graph)
+
+    def compute_async(self, graph: Any) -> None:
+        plan(graph, self)
+        super().compute_async(graph)
+
+    def __repr__(self) -> str:
+        return f"<Backend {self.name} allreduce={self.allreduce}>"
+
+
+def allreduce_of(parts: Sequence[Device]) -> str:
+    """'<registry> (comm)' when the first part's registry offers ggml_backend_comm_init and
+    its allreduce (the meta backend then uses it, falling back to the generic one for a
+    tensor it declines), else 'generic'."""
+    if len(parts) < 2:
+        return "none"
+    reg = parts[0].registry
+    if reg.proc_address("ggml_backend_comm_init") is not None and \
+            reg.proc_address("ggml_backend_comm_allreduce_tensor") is not None:
+        return f"{reg.name} comm"
+    return "generic"
+
+
+def meta_device(devices: Sequence[Device | str], split: SplitSpec) -> MetaDevice:
+    """A meta device over `devices` (names or Devices, 1 to 16, each a plain device), whose
+    weights are split as `split` says: a callable ``tensor -> gg.Split | None`` or a mapping
+    ``name -> gg.Split``; tensors it leaves out are mirrored."""
+    require_meta()
+    from ._device import device as _lookup
+    require(isinstance(devices, (list, tuple)), "meta_device: devices must be a list of "
+            f"devices or names, not {type(devices).__name__}", InvalidType)
+    parts = [d if isinstance(d, Device) else _lookup(d) for d in devices]
+    require(1 <= len(parts) <= MAX_DEVICES,
+            f"meta_device: takes 1 to {MAX_DEVICES} devices (GGML_BACKEND_META_MAX_DEVICES), "
+            f"got {len(parts)}")
+    for d in parts:
+        require(not isinstance(d, MetaDevice) and d.type != "meta",
+                f"meta_device: {d.name} is a meta device itself; meta devices do not nest")
+        ensure_alive(d.ptr)
+    require(callable(split) or isinstance(split, Mapping),
+            "meta_device: split must be a callable (tensor -> gg.Split) or a mapping "
+            f"name -> gg.Split, not {type(split).__name__}", InvalidType)
+    if isinstance(split, Mapping):
+        for k, v in split.items():
+            require(isinstance(k, str) and isinstance(v, Split),
+                    f"meta_device: split maps names to gg.Split, got {k!r}: {v!r}", InvalidType)
+    sp = _Splitter(split, len(parts))
+    handle = ffi.new_handle(sp)
+    _KEEP.append((sp, handle))       # ggml keeps the device (and calls back) until exit
+    arr = ffi.new("ggml_backend_dev_t[]", [d.ptr for d in parts])
+    raw = lib.ggml_backend_meta_device(arr, len(parts), _callback(), handle)
+    if raw == ffi.NULL:
+        raise GGMLError("ggml_backend_meta_device failed")
+    dev = MetaDevice(raw)
+    dev.parts = tuple(parts)
+    dev._splitter = sp
+    Device._cache[_addr(raw)] = dev
+    _BY_DEV[_addr(raw)] = dev
+    compose(raw, dev)
+    buft = lib.ggml_backend_dev_buffer_type(raw)
+    _device._ADMIT[_addr(buft)] = sp.admit
+    return dev
+
+
+def _meta_of_buffer(buf: Any) -> MetaDevice | None:
+    if buf == ffi.NULL:
+        return None
+    dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(buf))
+    return None if dev == ffi.NULL else _BY_DEV.get(_addr(dev))
+
+
+# -- planning: ggml's split-state propagation, replayed ---------------------------------------
+
+def _op(name: str) -> int:
+    return int(getattr(lib, f"GGML_OP_{name}", -1))
+
+
+_BIN = {_op(n) for n in ("ADD", "ADD_ID", "SUB", "MUL", "DIV")}
+_ELEMENTWISE = {_op(n) for n in ("SQR", "SQRT", "LOG", "SIN", "COS", "SCALE", "CLAMP",
+                                 "LEAKY_RELU", "UNARY", "GLU", "SOFT_MAX", "FILL",
+                                 "REPEAT", "SILU_BACK")}
+_PER_ROW = {_op(n) for n in ("SUM_ROWS", "MEAN", "ARGMAX", "NORM", "RMS_NORM", "L2_NORM",
+                             "GROUP_NORM", "CUMSUM", "ARGSORT", "TOP_K")}
+_SCALAR_ONLY = {_op(n) for n in ("DUP", "ADD1", "ACC", "SUM", "DIAG", "DIAG_MASK_INF",
+                                 "DIAG_MASK_ZERO", "SET", "OUT_PROD", "GET_ROWS_BACK")}
+_OPS_MODELLED = _BIN | _ELEMENTWISE | _PER_ROW | _SCALAR_ONLY | {
+    _op(n) for n in ("NONE", "MUL_MAT", "CONT", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE",
+                     "CPY", "GET_ROWS", "CONCAT")}
+
+
+class Refused(InvalidArgument):
+    """A graph or tensor that ggml's meta backend would abort on."""
+
+
+def _opname(t: Any) -> str:
+    return cstr(lib.ggml_op_desc(t)) or str(int(t.op))
+
+
+def _label(t: Any) -> str:
+    return f"{cstr(t.name) or '(unnamed)'} ({_opname(t)})"
+
+
+class _Planner:
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.memo: dict[tuple[int, bool], State] = {}
+
+    def state(self, t: Any, sync: bool) -> State:
+        key = (_addr(t), sync)
+        got = self.memo.get(key)
+        if got is None:
+            got = self.memo[key] = self._compute(t, sync)
+        return got
+
+    def fail(self, t: Any, srcs: list[tuple[Any, State]], why: str) -> Refused:
+        described = ", ".join(f"{_label(s)}: {st.name()}" for s, st in srcs)
+        return Refused(f"meta device: {_opname(t)} {cstr(t.name) or '(unnamed)'!r} "
+                       f"{why} (sources: {described or 'none'})")
+
+    def _compute(self, t: Any, sync: bool) -> State:
+        n = self.n
+        if int(lib.ggml_nelements(t)) == 0:
+            raise Refused(f"meta device: {_label(t)} is empty; ggml aborts on empty tensors")
+        buf = t.buffer
+        static = buf != ffi.NULL and t.view_src == ffi.NULL and \
+            int(lib.ggml_backend_buffer_get_usage(buf)) != int(lib.GGML_BACKEND_BUFFER_USAGE_COMPUTE)
+        if static:
+            meta = _meta_of_buffer(buf)
+            if meta is None:
+                raise Refused(f"meta device: {_label(t)} lives in a buffer of "
+                              f"{cstr(lib.ggml_backend_buffer_name(buf))}, not of a meta "
+                              "device; allocate it on the meta device (ctx.alloc(meta_backend))")
+            st = meta._splitter.static_state(t)
+            if st is None:
+                meta._splitter.raise_pending()
+                raise Refused(f"meta device: {_label(t)} has no resolved split (placed "
+                              "without Context.alloc?)")
+            return st
+        srcs = [t.src[i] for i in range(int(lib.GGML_MAX_SRC))]
+        ss: list[State] = []
+        present: list[tuple[Any, State]] = []
+        for s in srcs:
+            if s == ffi.NULL or s == t:
+                ss.append(State(UNKNOWN))
+                continue
+            st = self.state(s, True)
+            ss.append(st)
+            present.append((s, st))
+        op = int(t.op)
+        if op not in _OPS_MODELLED:
+            raise self.fail(t, present, "is not an op ggml_py has checked on meta devices")
+        if op == _op("NONE"):
+            if t.view_src != ffi.NULL:
+                return self.state(t.view_src, sync)
+            return State(MIRRORED)
+        ret = self._rule(t, op, ss, present, sync)
+        if ret.split:
+            self._take_ratio(t, ret, ss, present, srcs)
+        return ret
+
+    def _generic(self, t: Any, ss: list[State], present: list[tuple[Any, State]],
+                 scalar_only: bool) -> State:
+        ret: State | None = None
+        for _, st in present:
+            if ret is None:
+                ret = st.copy()
+            elif not self._equal(st, ret):
+                raise self.fail(t, present, "has sources split in different ways, which ggml "
+                                            "does not implement for this op")
+        if ret is None:
+            raise self.fail(t, present, "has no sources")
+        if scalar_only and ret.split:
+            raise self.fail(t, present, "cannot take a source split along an axis (ggml "
+                                        "implements this op for mirrored sources only)")
+        return ret
+
+    def _equal(self, a: State, b: State) -> bool:
+        return a.axis == b.axis and a.per_device(self.n) == b.per_device(self.n)
+
+    def _rule(self, t: Any, op: int, ss: list[State], present: list[tuple[Any, State]],
+              sync: bool) -> State:
+        if op in _BIN:
+            s0, s1, s2 = ss[0], ss[1], ss[2]
+            if s0.split and int(t.src[1].ne[s0.axis]) == 1 and s1.axis == MIRRORED:
+                return s0.copy()
+            if s2.axis == MIRRORED and (s0.axis == s1.axis or (s0.axis == MIRRORED and
+                                                                s1.axis == PARTIAL)):
+                return s0.copy()
+            if t.src[2] != ffi.NULL and s2.axis != MIRRORED:
+                raise self.fail(t, present, "needs a mirrored third source")
+            return self._generic(t, ss, present, False)
+        if op in _ELEMENTWISE:
+            return self._generic(t, ss, present, False)
+        if op in _SCALAR_ONLY:
+            return self._generic(t, ss, present, True)
+        if op in _PER_ROW:
+            if ss[0].axis == 0:
+                raise self.fail(t, present, "works on whole rows; its source is split along "
+                                            "rows (numpy axis -1), which ggml does not implement")
+            return ss[0].copy()
+        if op == _op("MUL_MAT"):
+            a, b = ss[0], ss[1]
+            if a.axis == MIRRORED and b.axis == MIRRORED:
+                return State(MIRRORED)
+            if a.axis == 1 and b.axis == MIRRORED:
+                r = a.copy()
+                r.axis, r.nr, r.n_seg = 0, [1] + r.nr[1:], 1
+                return r
+            if b.axis == 1 and a.axis == MIRRORED:
+                return b.copy()
+            if a.axis == 0 and b.axis == 0:
+                if not self._equal(a, b):
+                    raise self.fail(t, present, "has its inner axis split differently in its "
+                                                "two sources")
+                return State(MIRRORED if sync else PARTIAL)
+            if a.axis == b.axis and a.axis in (2, 3):
+                if not self._equal(a, b):
+                    raise self.fail(t, present, "has batches split differently")
+                return a.copy()
+            if a.axis in (2, 3) and b.axis == MIRRORED:
+                return a.copy()
+            raise self.fail(t, present, "combines split states ggml's meta backend does not "
+                                        "implement ('unsupported mul_mat split states'); it "
+                                        "implements weight split on numpy axis -2 (columns: "
+                                        "output split) with a mirrored input, or both split "
+                                        "on the inner axis -1 (rows: partial sums)")
+        if op in (_op("CONT"), _op("RESHAPE")):
+            return self._reshape(t, ss, present)
+        if op == _op("CPY"):
+            if ss[0].split:
+                return self._reshape(t, ss, present)
+            return self._generic(t, ss, present, False)
+        if op == _op("VIEW"):
+            return self._view(t, ss, present)
+        if op == _op("PERMUTE"):
+            s0 = ss[0]
+            if s0.split:
+                if not (s0.n_seg == 1 or s0.nr[0] == 1):
+                    raise self.fail(t, present, "permutes a segmented split")
+                axis = int(ffi.cast("int32_t *", t.op_params)[s0.axis])
+                return State(axis, [], [s0.nr[0]], 1)
+            if s0.axis in (MIRRORED, PARTIAL):
+                return s0.copy()
+        if op == _op("TRANSPOSE"):
+            s0 = ss[0]
+            if s0.axis in (0, 1):
+                if not (s0.n_seg == 1 or s0.nr[0] == 1):
+                    raise self.fail(t, present, "transposes a segmented split")
+                return State(s0.axis ^ 1, [], [s0.nr[0]], 1)
+            if s0.axis in (2, 3, MIRRORED, PARTIAL):
+                return s0.copy()
+        if op == _op("GET_ROWS"):
+            if ss[0].axis == 0 and ss[1].axis == MIRRORED:
+                return ss[0].copy()
+            return self._generic(t, ss, present, True)
+        if op == _op("CONCAT"):
+            cax = int(ffi.cast("int32_t *", t.op_params)[0])
+            s0, s1 = ss[0], ss[1]
+            if s0.axis == MIRRORED and s1.split:
+                if cax == s1.axis:
+                    raise self.fail(t, present, "concatenates along the split axis")
+                return s1.copy()
+            if s1.axis == MIRRORED and s0.split:
+                if cax == s0.axis:
+                    raise self.fail(t, present, "concatenates along the split axis")
+                return s0.copy()
+            if s0.axis == s1.axis and s0.axis != cax:
+                return s0.copy()
+            return self._generic(t, ss, present, True)
+        raise self.fail(t, present, "has split states ggml aborts on")
+
+    def _reshape(self, t: Any, ss: list[State], present: list[tuple[Any, State]]) -> State:
+        s0 = ss[0]
+        src = t.src[0]
+        if s0.axis in (MIRRORED, PARTIAL):
+            return s0.copy()
+        if not s0.split:
+            raise self.fail(t, present, "reshapes a source of unknown split")
+        base_in = 1
+        for d in range(s0.axis + 1):
+            base_in *= int(src.ne[d])
+        if s0.n_seg == 1:
+            base_in //= max(s0.nr[0], 1)
+            if s0.axis == int(lib.ggml_n_dims(src)) - 1 and s0.nr[0] == 1:
+                return State(int(lib.ggml_n_dims(t)) - 1)
+            if s0.axis == 0 and t.ne[0] == src.ne[0] and t.ne[1] == 1 and s0.nr[0] == 1:
+                if all(ne == 0 or ne == int(src.ne[0]) for ne in s0.per_device(self.n)):
+                    return State(1)
+        base_out = 1
+        for d in range(MAX_DIMS):
+            base_out *= int(t.ne[d])
+            if base_out % base_in == 0:
+                return State(d, [], [base_out // base_in], 1)
+            if base_out > base_in:
+                if s0.n_seg != 1 or s0.nr[0] != 1:
+                    raise self.fail(t, present, "reshapes a segmented split across its axis")
+                return State(d)
+        raise self.fail(t, present, "reshapes across the split axis ('shape mismatch')")
+
+    def _view(self, t: Any, ss: list[State], present: list[tuple[Any, State]]) -> State:
+        src = t.src[0]
+        if lib.ggml_is_contiguous(t) and lib.ggml_is_contiguous(src):
+            return self._reshape(t, ss, present)
+        s0 = ss[0]
+        same = all((t.ne[d] == 1 and src.ne[d] == 1) or t.nb[d] == src.nb[d]
+                   for d in range(MAX_DIMS))
+        if same:
+            return s0.copy()
+        if not lib.ggml_is_permuted(t) and not lib.ggml_is_permuted(src) and \
+                0 <= s0.axis < MAX_DIMS - 1:
+            for d in range(MAX_DIMS - 1):
+                if t.nb[d + 1] == src.nb[s0.axis + 1]:
+                    return State(d)
+            raise self.fail(t, present, "views a split tensor with strides ggml cannot map")
+        if s0.axis in (MIRRORED, PARTIAL):
+            return s0.copy()
+        raise self.fail(t, present, "views a permuted split tensor ('view of permuted tensor "
+                                    "not implemented')")
+
+    def _take_ratio(self, t: Any, ret: State, ss: list[State], present: list[tuple[Any, State]],
+                    srcs: list[Any]) -> None:
+        """ggml's last step for split results: the per-device sizes follow the first split
+        source's ratio; the other split sources must agree (GGML_ASSERTs there)."""
+        n = self.n
+        first = True
+        for i, s in enumerate(srcs):
+            st = ss[i]
+            if s == ffi.NULL or s == t or not st.split:
+                continue
+            src_len = int(s.ne[st.axis])
+            if first:
+                ne = [0] * (n * max(st.n_seg, ret.n_seg))
+                per = st.per_device(n)
+                for j in range(n):
+                    v = per[j] * int(t.ne[ret.axis])
+                    if v != 0 or src_len != 0:
+                        div = src_len * ret.nr[0]
+                        if div == 0 or v % div:
+                            raise self.fail(t, present, "gets an uneven share on a device "
+                                                        "(the split sizes do not divide its "
+                                                        "shape)")
+                        v //= div
+                    ne[j] = v
+                ret.ne = ne
+            else:
+                if ret.n_seg != 1:
+                    raise self.fail(t, present, "combines a segmented split with another "
+                                                "split source")
+                per = st.per_device(n)
+                for j in range(n):
+                    if ret.ne[j] * ret.nr[0] * src_len != per[j] * int(t.ne[ret.axis]):
+                        raise self.fail(t, present, "has split sources whose ratios differ")
+            first = False
+        if first:
+            raise self.fail(t, present, "is split with no split source")
+
+
+def plan(graph: Any, backend: MetaBackend) -> dict[int, State]:
+    """Check `graph` for the meta backend before ggml sees it: the split state of every
+    node as ggml would derive it; Refused (an InvalidArgument) for what ggml aborts on."""
+    dev = backend.device
+    assert isinstance(dev, MetaDevice)
+    dev._splitter.raise_pending()
+    gp = graph.ptr
+    n_nodes = int(lib.ggml_graph_n_nodes(gp))
+    pl = _Planner(dev.n_parts)
+    states = {}
+    nodes = [lib.ggml_graph_node(gp, i) for i in range(n_nodes)]
+    for i, t in enumerate(nodes):
+        if t.buffer != ffi.NULL and t.view_src == ffi.NULL:
+            m = _meta_of_buffer(t.buffer)
+            if m is None:
+                raise Refused(f"meta device: node {_label(t)} lives in a buffer of "
+                              f"{cstr(lib.ggml_backend_buffer_name(t.buffer))}")
+        st = pl.state(t, False)
+        if st.axis == UNKNOWN:
+            raise Refused(f"meta device: node {_label(t)} has an unknown split")
+        if st.axis == PARTIAL:
+            if i == n_nodes - 1:
+                raise Refused(
+                    f"meta device: the graph's last node {_label(t)} is PARTIAL (each device "
+                    "holds a partial sum): ggml does not all-reduce a graph's last node and "
+                    "cannot read it; end the graph with gg.meta_reduce(t)")
+            if not lib.ggml_is_contiguous(t):
+                raise Refused(f"meta device: {_label(t)} is PARTIAL and not contiguous; "
+                              "ggml's all-reduce needs contiguous tensors")
+        states[_addr(t)] = st
+    dev._splitter.raise_pending()
+    return states
+
+
+def plan_tensor(raw: Any) -> State:
+    """The split state ggml gives the tensor `raw` (of a meta buffer) when it is read."""
+    meta = _meta_of_buffer(raw.buffer if raw.view_src == ffi.NULL else raw.view_src.buffer)
+    if meta is None:
+        return State(MIRRORED)
+    return _Planner(meta.n_parts).state(raw, False)
+
+
+def meta_reduce(t: Any) -> Any:
+    """`t`, all-reduced: an op after a PARTIAL tensor makes ggml's meta backend sum it over
+    the devices first (``ggml_scale(t, 1)``); its result is mirrored and can be read."""
+    from . import ops
+    return ops.scale(t, 1.0)
+
+
+def split_states(graph: Any, backend: MetaBackend) -> list[tuple[str, str, str]]:
+    """(node name, op, split state) for every node of `graph` as the meta backend derives."""
+    states = plan(graph, backend)
+    gp = graph.ptr
+    out = []
+    for i in range(int(lib.ggml_graph_n_nodes(gp))):
+        t = lib.ggml_graph_node(gp, i)
+        out.append((cstr(t.name) or "", _opname(t), states[_addr(t)].name(int(lib.ggml_n_dims(t)))))
+    return out
