@@ -486,13 +486,19 @@ def _op(name: str) -> int:
 
 _BIN = {_op(n) for n in ("ADD", "ADD_ID", "SUB", "MUL", "DIV")}
 _ELEMENTWISE = {_op(n) for n in ("SQR", "SQRT", "LOG", "SIN", "COS", "SCALE", "CLAMP",
-                                 "LEAKY_RELU", "UNARY", "GLU", "SOFT_MAX", "FILL",
-                                 "REPEAT", "SILU_BACK")}
+                                 "LEAKY_RELU", "UNARY", "FILL", "SILU_BACK")}
 _PER_ROW = {_op(n) for n in ("SUM_ROWS", "MEAN", "ARGMAX", "NORM", "RMS_NORM", "L2_NORM",
                              "GROUP_NORM", "CUMSUM", "ARGSORT", "TOP_K")}
+# ggml treats these as elementwise (its split passes through), but each output element reads
+# a whole row: split along rows (ggml axis 0) they compute something else (soft_max measured:
+# NMSE 0.94, docs/tensor-parallel.md); ggml_py refuses that split and passes the others
+_ROW_READING = {_op(n) for n in ("SOFT_MAX", "GLU")}
+# a repeat of a split tensor: not measured, refused
+_SCALAR_ONLY_HERE = {_op("REPEAT")}
 _SCALAR_ONLY = {_op(n) for n in ("DUP", "ADD1", "ACC", "SUM", "DIAG", "DIAG_MASK_INF",
                                  "DIAG_MASK_ZERO", "SET", "OUT_PROD", "GET_ROWS_BACK")}
-_OPS_MODELLED = _BIN | _ELEMENTWISE | _PER_ROW | _SCALAR_ONLY | {
+_OPS_MODELLED = _BIN | _ELEMENTWISE | _PER_ROW | _SCALAR_ONLY | _ROW_READING | \
+    _SCALAR_ONLY_HERE | {
     _op(n) for n in ("NONE", "MUL_MAT", "CONT", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE",
                      "CPY", "GET_ROWS", "CONCAT")}
 
@@ -562,6 +568,11 @@ class _Planner:
             if t.view_src != ffi.NULL:
                 return self.state(t.view_src, sync)
             return State(MIRRORED)
+        for s, st in present:
+            if st.axis == PARTIAL:
+                raise self.fail(t, present, f"consumes {_label(s)}, a PARTIAL tensor that ggml "
+                                            "never all-reduces (only a matmul's partial sums "
+                                            "are reduced before their consumers)")
         ret = self._rule(t, op, ss, present, sync)
         if ret.split:
             self._take_ratio(t, ret, ss, present, srcs)
@@ -600,8 +611,14 @@ class _Planner:
             return self._generic(t, ss, present, False)
         if op in _ELEMENTWISE:
             return self._generic(t, ss, present, False)
-        if op in _SCALAR_ONLY:
+        if op in _SCALAR_ONLY or op in _SCALAR_ONLY_HERE:
             return self._generic(t, ss, present, True)
+        if op in _ROW_READING:
+            if ss[0].axis == 0:
+                raise self.fail(t, present, "reads whole rows, and its source is split along "
+                                            "rows (numpy axis -1): ggml would compute it on each "
+                                            "device's part of every row (a wrong result)")
+            return self._generic(t, ss, present, False)
         if op in _PER_ROW:
             if ss[0].axis == 0:
                 raise self.fail(t, present, "works on whole rows; its source is split along "
@@ -794,13 +811,39 @@ def plan(graph: Any, backend: MetaBackend) -> dict[int, State]:
                 raise Refused(f"meta device: {_label(t)} is PARTIAL and not contiguous; "
                               "ggml's all-reduce needs contiguous tensors")
         states[_addr(t)] = st
+    last = nodes[-1] if nodes else None
+    if last is not None and last.view_src != ffi.NULL and int(last.view_src.op) == _op("NONE") \
+            and lib.ggml_backend_buffer_is_host(last.view_src.buffer):
+        raise Refused(f"meta device: the graph's last node {_label(last)} is a view of "
+                      f"{_label(last.view_src)} in host memory; ggml's meta backend skips such "
+                      "nodes and then aborts (GGML_ASSERT(i_start == cgraph->n_nodes)); end "
+                      "the graph with gg.cont(view)")
     dev._splitter.raise_pending()
     return states
 
 
+def _meta_under(raw: Any, seen: set[int]) -> MetaDevice | None:
+    """The meta device whose buffer holds `raw`, its view source or (not yet allocated) one
+    of the tensors it is computed from."""
+    if _addr(raw) in seen:
+        return None
+    seen.add(_addr(raw))
+    for b in (raw.buffer, raw.view_src.buffer if raw.view_src != ffi.NULL else ffi.NULL):
+        m = _meta_of_buffer(b)
+        if m is not None:
+            return m
+    for i in range(int(lib.GGML_MAX_SRC)):
+        s = raw.src[i]
+        if s != ffi.NULL and s != raw:
+            m = _meta_under(s, seen)
+            if m is not None:
+                return m
+    return None
+
+
 def plan_tensor(raw: Any) -> State:
     """The split state ggml gives the tensor `raw` (of a meta buffer) when it is read."""
-    meta = _meta_of_buffer(raw.buffer if raw.view_src == ffi.NULL else raw.view_src.buffer)
+    meta = _meta_under(raw, set())
     if meta is None:
         return State(MIRRORED)
     return _Planner(meta.n_parts).state(raw, False)
