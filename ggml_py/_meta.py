@@ -629,6 +629,12 @@ class _Planner:
             if a.axis == MIRRORED and b.axis == MIRRORED:
                 return State(MIRRORED)
             if a.axis == 1 and b.axis == MIRRORED:
+                if a.n_seg > 1 or a.nr[0] != 1:
+                    raise self.fail(t, present, "multiplies a segmented (fused) weight: ggml "
+                                                "keeps one segment in the result, whose columns "
+                                                "then come out in device order (q0 k0 v0 q1 k1 "
+                                                "v1 instead of q0 q1 k0 k1 v0 v1), a wrong result "
+                                                "(docs/tensor-parallel.md)")
                 r = a.copy()
                 r.axis, r.nr, r.n_seg = 0, [1] + r.nr[1:], 1
                 return r
