@@ -311,6 +311,16 @@ class MetaDevice(Device):
         return "meta"
 
     @property
+    def name(self) -> str:
+        # ggml 0.26.0 names every meta device "Meta()": its constructor builds the name from
+        # the device list after moving it away (docs/upstream-issues.md)
+        return "Meta(" + ",".join(d.name for d in self.parts) + ")"
+
+    @property
+    def description(self) -> str:
+        return "Meta(" + ",".join(d.description for d in self.parts) + ")"
+
+    @property
     def part_ptrs(self) -> list[Any]:
         return [d.ptr for d in self.parts]
 
