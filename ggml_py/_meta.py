@@ -857,6 +857,11 @@ def _meta_under(raw: Any, seen: set[int]) -> MetaDevice | None:
     return None
 
 
+def meta_of_tensor(t: Any) -> "MetaDevice | None":
+    """The meta device `t` (a Tensor) lives on or is computed on, None for other tensors."""
+    return _meta_under(t.ptr, set()) if _BY_DEV else None
+
+
 def plan_tensor(raw: Any) -> State:
     """The split state ggml gives the tensor `raw` (of a meta buffer) when it is read."""
     meta = _meta_under(raw, set())

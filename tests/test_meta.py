@@ -297,3 +297,13 @@ def test_older_release_says_which_added_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=child_env(), timeout=120)
     assert "ERR meta devices (tensor parallelism) need ggml 0.26.0" in out.stdout, out.stderr
+
+
+def test_display_shows_where_each_slice_lives(parts):
+    md = gg.meta_device(parts, {"w": gg.Split(axis=0)})
+    with md.backend() as be, gg.Context() as ctx:
+        w = ctx.tensor(gg.f32, (6, 8), "w")
+        ctx.alloc(be)
+        html = w._repr_html_()
+        assert f"{parts[0].name}: <code>[0:3, :]</code>" in html
+        assert f"{parts[1].name}: <code>[3:6, :]</code>" in html
