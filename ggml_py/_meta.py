@@ -305,6 +305,8 @@ class MetaDevice(Device):
     its `parts` as its `split` says; its backend computes on all of them."""
 
     __slots__ = ("parts", "_splitter")
+    parts: tuple[Device, ...]
+    _splitter: _Splitter
 
     @property
     def type(self) -> str:
