@@ -31,7 +31,12 @@ from ._liveness import compose, ensure_alive
 from ._loader import cstr, ffi, lib
 from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, require
 
-ADDED_IN = "0.26.0"        # the release whose ggml-backend.h declares ggml_backend_meta_device
+# ggml_backend_meta_device appears in the pinned releases from 0.10.1 on (0.9.4 has none:
+# the releases' generated bindings, as `compare` lists them); its split state gained per-segment
+# repeats (`nr`) by 0.25.3, and ggml_py replays the split rules of 0.26.0 (_Planner), so it
+# offers the meta device from 0.26.0 on
+ADDED_IN = "0.10.1"
+CHECKED_FROM = "0.26.0"
 MAX_DEVICES = int(getattr(lib, "GGML_BACKEND_META_MAX_DEVICES", 16))
 MAX_DIMS = 4
 MIRRORED, PARTIAL, NONE, UNKNOWN = 10, 11, 98, 99
@@ -42,11 +47,32 @@ def available() -> bool:
     return hasattr(lib, "ggml_backend_meta_device")
 
 
+def _release(v: str) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(x) for x in v.split(".")[:3])
+    except ValueError:
+        return None
+
+
 def require_meta() -> None:
+    from . import ggml_version
+    v = ggml_version()
     if not available():
-        from . import ggml_version
-        raise UnsupportedError(f"meta devices (tensor parallelism) need ggml {ADDED_IN} or "
-                               f"later; this build is ggml {ggml_version()}")
+        raise UnsupportedError(f"meta devices (tensor parallelism) need ggml {CHECKED_FROM} or "
+                               f"later; this build is ggml {v}, which has none (ggml added "
+                               f"them in {ADDED_IN})")
+    rel = _release(v)
+    if rel is not None and rel < _release(CHECKED_FROM):  # type: ignore[operator]
+        raise UnsupportedError(f"meta devices (tensor parallelism) need ggml {CHECKED_FROM} or "
+                               f"later; this build is ggml {v}, whose meta device ggml_py does "
+                               f"not check (it replays the split rules of {CHECKED_FROM})")
+    if rel is None:      # a source tree: the split state must have 0.26.0's layout
+        try:
+            ffi.offsetof("struct ggml_backend_meta_split_state", "nr")
+        except (KeyError, ffi.error):
+            raise UnsupportedError(f"this ggml tree's meta split state has no per-segment "
+                                   f"repeats (nr): ggml_py supports the layout of "
+                                   f"{CHECKED_FROM}") from None
 
 
 # -- split states --------------------------------------------------------------------------

@@ -4,6 +4,16 @@ import numpy as np
 
 import ggml_py as gg
 
+def meta_supported() -> bool:
+    """Whether this build offers gg.meta_device (ggml 0.26.0 on)."""
+    from ggml_py import _meta
+    try:
+        _meta.require_meta()
+    except gg.UnsupportedError:
+        return False
+    return True
+
+
 # how each weight is split for column-then-row parallelism (Megatron style): the first
 # matmul's weight by output rows (numpy axis 0) with its bias, the second's by its inner axis
 # (numpy axis 1), whose partial sums the meta backend all-reduces; inputs stay mirrored

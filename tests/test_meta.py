@@ -9,11 +9,12 @@ import pytest
 
 import ggml_py as gg
 from conftest import child_env, nmse
+from meta_models import meta_supported
 from meta_models import (ATTN_SPLIT, MLP_SPLIT, attn, attn_numpy, attn_weights, mlp,
                          mlp_numpy, mlp_weights, run)
 
-pytestmark = pytest.mark.skipif(not hasattr(gg.lib, "ggml_backend_meta_device"),
-                                reason="meta devices need ggml 0.26.0")
+pytestmark = pytest.mark.skipif(not meta_supported(),
+                                reason="ggml_py offers meta devices from ggml 0.26.0")
 
 MM_NMSE = 5e-4        # test-backend-ops: mul_mat's max NMSE
 OP_NMSE = 1e-7        # test-backend-ops: the default
@@ -287,16 +288,6 @@ def test_split_callback_survives_its_device_object(parts, rng):
     got = run(be, w, mlp)
     be.close()
     assert nmse(got, mlp_numpy(w)) < MM_NMSE
-
-
-def test_older_release_says_which_added_it():
-    """On a build without the meta device: UnsupportedError naming 0.26.0."""
-    code = ("import ggml_py as gg\nfrom ggml_py import _meta\n_meta.available = lambda: False\n"
-            "try:\n    gg.meta_device(['CPU'], {})\nexcept gg.UnsupportedError as e:\n"
-            "    print('ERR', e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=child_env(), timeout=120)
-    assert "ERR meta devices (tensor parallelism) need ggml 0.26.0" in out.stdout, out.stderr
 
 
 def test_display_shows_where_each_slice_lives(parts):

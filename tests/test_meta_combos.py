@@ -7,10 +7,11 @@ import random
 import pytest
 
 import ggml_py as gg
+from meta_models import meta_supported
 from meta_probe import OPS, all_cases, probe
 
-pytestmark = pytest.mark.skipif(not hasattr(gg.lib, "ggml_backend_meta_device"),
-                                reason="meta devices need ggml 0.26.0")
+pytestmark = pytest.mark.skipif(not meta_supported(),
+                                reason="ggml_py offers meta devices from ggml 0.26.0")
 
 
 def _agree(cases, results):
