@@ -14,7 +14,8 @@ ggml contexts of tensor records and graphs, reused) -> ``_liveness`` (RPC server
 endpoint) -> ``_types`` -> ``_buffer`` -> ``_transfer`` -> ``_backend`` ->
 ``_event`` -> ``_device`` (registries, devices, buffer types) -> ``_tensor_base`` (tensor
 facts) -> ``ops`` (op builders by family) -> ``_tensor`` (Tensor and its operators) ->
-``_context`` -> ``dlpack`` -> ``_graph`` -> ``_scheduler`` -> ``rpc``/``gguf`` (loaded on
+``_context`` -> ``dlpack`` -> ``_graph`` -> ``_scheduler`` -> ``_split``/``_meta``
+(meta devices: tensor parallelism) -> ``rpc``/``gguf`` (loaded on
 first use) -> this face. ``ggml_py.raw`` gives the generated bindings. The face is lazy:
 ``import ggml_py`` only finds the build (``_where``); the first name used loads the rest.
 """
@@ -49,8 +50,8 @@ if TYPE_CHECKING:                  # what type checkers and readers see: the who
                           devices as devices, registries as registries)
     from ._event import Event as Event
     from ._graph import Graph as Graph
-    from ._meta import (Split as Split, meta_device as meta_device,
-                        meta_reduce as meta_reduce)
+    from ._meta import meta_device as meta_device, meta_reduce as meta_reduce
+    from ._split import Split as Split
     from ._loader import BUILD as BUILD, BUILD_DIR as BUILD_DIR, ffi as ffi, lib as lib
     from ._scheduler import Scheduler as Scheduler
     from ._tensor import Tensor as Tensor
@@ -97,7 +98,7 @@ _HOMES = {
     "_device": ("BufferType", "Caps", "Device", "DeviceList", "Registry", "device", "devices",
                 "registries"),
     "_event": ("Event",), "_graph": ("Graph",),
-    "_meta": ("Split", "meta_device", "meta_reduce"), "_loader": ("BUILD", "BUILD_DIR", "ffi", "lib"),
+    "_split": ("Split",), "_meta": ("meta_device", "meta_reduce"), "_loader": ("BUILD", "BUILD_DIR", "ffi", "lib"),
     "_scheduler": ("Scheduler",), "_tensor": ("Tensor",), "_transfer": ("copy", "copy_async"),
     "_types": ("TYPES", "GGMLType", "quantize")}
 
