@@ -298,3 +298,9 @@ def test_display_shows_where_each_slice_lives(parts):
         html = w._repr_html_()
         assert f"{parts[0].name}: <code>[0:3, :]</code>" in html
         assert f"{parts[1].name}: <code>[3:6, :]</code>" in html
+
+
+def test_scheduler_refuses_a_meta_backend(parts):
+    with gg.meta_device(parts, {}).backend() as be, gg.device("CPU").backend() as cpu:
+        with pytest.raises(gg.UnsupportedError, match="meta device's backend"):
+            gg.Scheduler([be, cpu])
