@@ -304,3 +304,14 @@ def test_scheduler_refuses_a_meta_backend(parts):
     with gg.meta_device(parts, {}).backend() as be, gg.device("CPU").backend() as cpu:
         with pytest.raises(gg.UnsupportedError, match="meta device's backend"):
             gg.Scheduler([be, cpu])
+
+
+def test_training_refuses_a_meta_backend(parts, rng):
+    """ggml's meta backend asserts that a graph has no gradients: refused first."""
+    from ggml_py import opt
+    with gg.meta_device(parts, {}).backend() as be, gg.Context() as ctx:
+        w = ctx.tensor(gg.f32, (4, 4), "w")
+        ctx.alloc(be)
+        loss = gg.sum(gg.mul_mat(w, w))
+        with pytest.raises(gg.UnsupportedError, match="no backward graphs"):
+            opt.gradients(loss, [w], be)
