@@ -191,7 +191,7 @@ static int ggml_py_prepare(struct ggml_cgraph * g, ggml_backend_t be, ggml_backe
 }
 
 /* ggml_py_copy: a whole host copy into (to_tensor) or out of a tensor, in one call, when its
- * memory is there and on no RPC device: 0, copied. Otherwise nothing is done: 1, it has no
+ * memory is there and on no RPC or meta device: 0, copied. Otherwise nothing is done: 1, it has no
  * memory; 2, its memory is on an RPC device (Python asks whether the server still answers
  * first: ggml aborts on a dead one). Python then takes its own path, which says why. */
 static int ggml_py_copy(struct ggml_tensor * t, void * data, size_t size, int to_tensor) {
@@ -200,7 +200,11 @@ static int ggml_py_copy(struct ggml_tensor * t, void * data, size_t size, int to
     }
     ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
     if (dev != NULL) {
-        const char * reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
+        ggml_backend_reg_t r = ggml_backend_dev_backend_reg(dev);
+        if (r == NULL) {
+            return 2;                      /* a meta device (no registry): Python checks it */
+        }
+        const char * reg = ggml_backend_reg_name(r);
         if (reg != NULL && strncmp(reg, "RPC", 3) == 0) {
             return 2;
         }

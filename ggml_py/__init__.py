@@ -59,6 +59,8 @@ if TYPE_CHECKING:                  # what type checkers and readers see: the who
                           devices as devices, registries as registries)
     from ._event import Event as Event
     from ._graph import Graph as Graph
+    from ._meta import meta_device as meta_device, meta_reduce as meta_reduce
+    from ._split import Split as Split
     from ._loader import BUILD as BUILD, BUILD_DIR as BUILD_DIR, ffi as ffi, lib as lib
     from ._scheduler import Scheduler as Scheduler
     from ._tensor import Tensor as Tensor
@@ -74,7 +76,7 @@ _FACE = [
     "copy", "copy_async", "from_dlpack", "aligned_empty", "GGMLError", "ClosedError",
     "UnsupportedError", "UnwrittenError", "InvalidArgument", "InvalidType", "NotFound",
     "OutOfMemory", "RPCError", "RPCVersionError", "GGMLWarning", "BUILD", "BUILD_DIR", "ops",
-    "rpc", "gguf", "dlpack", "opt"]
+    "rpc", "gguf", "dlpack", "opt", "Split", "meta_device", "meta_reduce"]
 # (gg.ffi and gg.lib still work; the raw bindings' own name is ggml_py.raw)
 
 
@@ -105,7 +107,8 @@ _HOMES = {
     "_backend": ("Backend",), "_buffer": ("Buffer", "aligned_empty"), "_context": ("Context",),
     "_device": ("BufferType", "Caps", "Device", "DeviceList", "Registry", "device", "devices",
                 "registries"),
-    "_event": ("Event",), "_graph": ("Graph",), "_loader": ("BUILD", "BUILD_DIR", "ffi", "lib"),
+    "_event": ("Event",), "_graph": ("Graph",),
+    "_split": ("Split",), "_meta": ("meta_device", "meta_reduce"), "_loader": ("BUILD", "BUILD_DIR", "ffi", "lib"),
     "_scheduler": ("Scheduler",), "_tensor": ("Tensor",), "_transfer": ("copy", "copy_async"),
     "_types": ("TYPES", "GGMLType", "quantize")}
 

@@ -390,6 +390,10 @@ class Context(Owned):
                               f"{type(backend_or_buffer_type).__name__}")
         buft.require_plain_bytes("alloc")
         ensure_alive(lib.ggml_backend_buft_get_device(buft.ptr))
+        if buft.admits:       # (a meta device's buffer type: how each tensor is split)
+            buft.admit([self.wrap_raw(p) for raw in self._raws()
+                        for p in self._chunk_raw_tensors(raw)
+                        if p.data == ffi.NULL and p.view_src == ffi.NULL])
         made = []
         with self._lock:
             for raw in self._raws():

@@ -54,6 +54,9 @@ else:
 
 
 _CAPS: dict[int, Caps] = {}    # device handle -> caps (devices live as long as the process)
+# buffer type handle -> the check its tensors pass before ggml places them (meta devices'
+# buffer types: see BufferType.admit); buffer types live as long as the process
+_ADMIT: dict[int, Any] = {}
 
 
 class BufferType(Borrowed):
@@ -113,6 +116,19 @@ class BufferType(Borrowed):
     def alloc_size(self, tensor: Any) -> int:
         """Bytes a buffer of this type needs for `tensor` (padding included)."""
         return int(lib.ggml_backend_buft_get_alloc_size(self.ptr, tensor.ptr))
+
+    def admit(self, tensors: list[Any]) -> None:
+        """Called with the tensors a context is about to place in a buffer of this type,
+        before ggml sees them: a buffer type that must know them first (a meta device's:
+        how each is split) checks them here and raises on what it refuses."""
+        hook = _ADMIT.get(int(ffi.cast("uintptr_t", self.ptr)))
+        if hook is not None:
+            hook(tensors)
+
+    @property
+    def admits(self) -> bool:
+        """Whether :meth:`admit` checks anything for this buffer type."""
+        return bool(_ADMIT) and int(ffi.cast("uintptr_t", self.ptr)) in _ADMIT
 
     def alloc(self, nbytes: int) -> Buffer:
         """A new buffer of `nbytes` bytes (:class:`OutOfMemory` when the device refuses)."""
@@ -243,8 +259,13 @@ class Device(Borrowed):
 
     @property
     def registry(self) -> Registry:
-        """The Registry that lists this device."""
-        return Registry(lib.ggml_backend_dev_backend_reg(self.ptr))
+        """The registry the device belongs to; UnsupportedError for a meta device, which
+        belongs to none (ggml aborts when asked for the name of a NULL registry)."""
+        reg = lib.ggml_backend_dev_backend_reg(self.ptr)
+        if reg == ffi.NULL:
+            raise UnsupportedError(f"device {self.name} belongs to no registry (a meta device: "
+                                   "its parts do)")
+        return Registry(reg)
 
     @property
     def buffer_type(self) -> BufferType:
@@ -264,8 +285,9 @@ class Device(Borrowed):
         found = [self.buffer_type]
         if self.host_buffer_type is not None:
             found.append(self.host_buffer_type)
-        fn = self.registry.proc_address("ggml_backend_dev_get_extra_bufts",
-                                        "ggml_backend_dev_get_extra_bufts_t")
+        reg = lib.ggml_backend_dev_backend_reg(self.ptr)
+        fn = None if reg == ffi.NULL else Registry(reg).proc_address(
+            "ggml_backend_dev_get_extra_bufts", "ggml_backend_dev_get_extra_bufts_t")
         if fn is not None:
             extra = fn(self.ptr)
             i = 0

@@ -212,6 +212,25 @@ def tensor_repr(t: Any) -> str:
         return "<Tensor (context closed)>"
 
 
+def _meta_rows(t: Any) -> list[list[str]]:
+    """On a meta device: which slice (numpy indices) lives on which part."""
+    from . import _meta
+    dev = _safe(lambda: _meta.meta_of_tensor(t), None)
+    if dev is None:
+        return []
+    placed = _safe(lambda: dev.where(t), None)
+    if placed is None:
+        return [["split", "<i>not known (the meta backend refuses this tensor)</i>"]]
+    return [["split", "<br>".join(f"{_e(name)}: <code>{_e(_slices(cut))}</code>"
+                                  for name, cut in placed)]]
+
+
+def _slices(cut: Any) -> str:
+    if isinstance(cut, str):
+        return cut
+    return "[" + ", ".join(":" if s == slice(None) else f"{s.start}:{s.stop}" for s in cut) + "]"
+
+
 def tensor_html(t: Any) -> str:
     """A tensor: shape, type, where it lives, strides, and a preview of its values (read in
     place from host memory, fetched from a device when small)."""
@@ -233,6 +252,7 @@ def tensor_html(t: Any) -> str:
     if op != "NONE":
         names = ", ".join(_e(s.name or s.op) for s in srcs)
         rows.append(["op", f"<code>{_e(op)}</code>({names})"])
+    rows += _meta_rows(t)
     values, why = _values(t) if where else (None, "no memory yet: allocate its context "
                                             "(ctx.alloc(backend)) or compute its graph")
     body = (f'<pre style="margin:4px 0;font-size:12px">{_e(_preview(values))}</pre>'

@@ -20,6 +20,15 @@ from .errors import RPCError
 _ENDPOINT: dict[int, str | None] = {}   # device handle -> endpoint (None: not an RPC device)
 _SOCKETS: dict[tuple[str, int], tuple[str, Any]] = {}   # (host, port) -> (fd, its two addresses)
 _PROCESSES: dict[str, Any] = {}   # endpoint -> the server process rpc.serve() started there
+# meta devices (ggml 0.26+, gg.meta_device): device handle -> its guard, an object with
+# ``part_ptrs`` (raw handles of the devices it spans) and ``check_access(raw_tensor, what)``
+_COMPOSED: dict[int, Any] = {}
+
+
+def compose(dev_ptr: Any, guard: Any) -> None:
+    """Record that the device `dev_ptr` spans other devices (a meta device): it is alive while
+    they all are, and reads and writes of its tensors ask `guard.check_access` first."""
+    _COMPOSED[_key(dev_ptr)] = guard
 
 
 def served_by(endpoint: str, proc: Any) -> None:
@@ -47,7 +56,11 @@ def endpoint_of(dev_ptr: Any) -> str | None:
         return _ENDPOINT[k]
     except KeyError:
         pass
-    reg = cstr(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev_ptr))) or ""
+    reg_ptr = lib.ggml_backend_dev_backend_reg(dev_ptr)
+    if reg_ptr == ffi.NULL:          # a meta device belongs to no registry (its parts do)
+        _ENDPOINT[k] = None
+        return None
+    reg = cstr(lib.ggml_backend_reg_name(reg_ptr)) or ""
     found = None
     if reg.startswith("RPC"):
         desc = cstr(lib.ggml_backend_dev_description(dev_ptr)) or ""
@@ -194,15 +207,31 @@ def reachable(endpoint: str) -> bool:
 def ensure_alive(dev_ptr: Any) -> None:
     """Raise RPCError when `dev_ptr` is an RPC device whose server is gone: any ggml call
     that reaches a dead server aborts the process."""
+    if _COMPOSED and dev_ptr is not None and _key(dev_ptr) in _COMPOSED:
+        for part in _COMPOSED[_key(dev_ptr)].part_ptrs:
+            ensure_alive(part)
+        return
     endpoint = endpoint_of(dev_ptr)
     if endpoint is not None and not reachable(endpoint):
         raise RPCError(f"the RPC server at {endpoint} is gone: objects on its devices can no "
                        "longer be used (close them; they are dropped without freeing)")
 
 
+def check_access(dev_ptr: Any, raw_tensor: Any, what: str) -> None:
+    """Before ggml reads or writes `raw_tensor` on device `dev_ptr`: its servers must be alive,
+    and a meta device's guard must accept the access (ggml aborts on some, such as reading a
+    tensor that holds partial sums)."""
+    ensure_alive(dev_ptr)
+    if _COMPOSED and dev_ptr is not None and _key(dev_ptr) in _COMPOSED:
+        _COMPOSED[_key(dev_ptr)].check_access(raw_tensor, what)
+
+
 def free_guard(dev_ptr: Any) -> Callable[[], bool] | None:
     """For RPC devices: a check that the server still answers (freeing remote memory of a
     dead server aborts the process); None for other devices."""
+    if _COMPOSED and dev_ptr is not None and _key(dev_ptr) in _COMPOSED:
+        guards = [g for g in (free_guard(p) for p in _COMPOSED[_key(dev_ptr)].part_ptrs) if g]
+        return None if not guards else (lambda: all(g() for g in guards))
     endpoint = endpoint_of(dev_ptr)
     return None if endpoint is None else functools.partial(reachable, endpoint)
 
@@ -228,8 +257,12 @@ def supports_op(dev_ptr: Any, t: Any) -> bool:
 
 def second_opinion(dev_ptr: Any) -> Any:
     """The device that must support an op as well for `dev_ptr` to run it (see
-    :func:`supports_op`): the local CPU for an RPC device, else None."""
-    if endpoint_of(dev_ptr) is None:
+    :func:`supports_op`): the local CPU for an RPC device (or a meta device over one), else
+    None."""
+    if _COMPOSED and _key(dev_ptr) in _COMPOSED:
+        if not any(endpoint_of(p) for p in _COMPOSED[_key(dev_ptr)].part_ptrs):
+            return None
+    elif endpoint_of(dev_ptr) is None:
         return None
     cpu = lib.ggml_backend_dev_by_type(lib.GGML_BACKEND_DEVICE_TYPE_CPU)
     return None if cpu == ffi.NULL else cpu

@@ -65,6 +65,11 @@ class Scheduler(Owned):
             b.ensure_alive()
         require(len(backends) <= MAX_BACKENDS, f"at most {MAX_BACKENDS} backends")
         require(len({id(b) for b in backends}) == len(backends), "a backend is listed twice")
+        # a meta device's graphs are checked before each compute (gg.meta_device); the
+        # scheduler would hand ggml split graphs unchecked, and ggml aborts on what it lacks
+        require(all(b.device.type != "meta" for b in backends),
+                "Scheduler: a meta device's backend computes graphs itself (be.compute); "
+                "scheduling across it is not checked by ggml_py", UnsupportedError)
         require(backends[-1].device.type == "cpu",
                 f"the last backend must be on a CPU device (ggml's rule), not {backends[-1].name}")
         arr = ffi.new("ggml_backend_t[]", [b.ptr for b in backends])

@@ -16,7 +16,7 @@ import numpy as np
 from . import _types as T
 from ._buffer import Buffer, BorrowedBuffer
 from ._device import BufferType
-from ._liveness import buffer_device, ensure_alive
+from ._liveness import buffer_device, check_access, ensure_alive
 from ._loader import cstr, ffi, lib
 from .errors import ClosedError, InvalidArgument, InvalidType, OutOfMemory, require
 
@@ -249,7 +249,7 @@ class TensorBase:
         if p.buffer == ffi.NULL or p.data == ffi.NULL:
             raise InvalidArgument(f"{what}: tensor {self.name or '(unnamed)'} has no memory; "
                                   "allocate it first (ctx.alloc(backend)) or compute its graph")
-        ensure_alive(buffer_device(p.buffer))
+        check_access(buffer_device(p.buffer), p, what)
         return p
 
     def _require_data(self, what: str) -> None:     # older name

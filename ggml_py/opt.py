@@ -158,6 +158,9 @@ class Optimizer(Owned):
         from . import Backend, Scheduler, Tensor   # the package face (late: it imports us)
         _require_opt()
         backends = [backends] if isinstance(backends, Backend) else list(backends)
+        require(all(not isinstance(b, Backend) or b.device.type != "meta" for b in backends),
+                "a meta device computes no backward graphs (ggml asserts cgraph->grads == "
+                "NULL)", UnsupportedError)
         require(loss in LOSSES, f"loss must be one of {sorted(LOSSES)}, not {loss!r}")
         require(optimizer in OPTIMIZERS,
                 f"optimizer must be one of {sorted(OPTIMIZERS)} (this release), not {optimizer!r}")
@@ -395,6 +398,8 @@ def gradients(loss: Tensor, params: Iterable[Tensor],
     require(isinstance(loss, Tensor) and loss.size == 1 and loss.type.name == "f32",
             "loss must be a scalar f32 tensor (gg.sum(...), gg.mean(...))")
     require(isinstance(backend, Backend), "backend must be a Backend")
+    require(backend.device.type != "meta", "a meta device computes no backward graphs (ggml "
+            "asserts cgraph->grads == NULL)", UnsupportedError)
     require(bool(params) and all(isinstance(p, Tensor) for p in params),
             "params must be a non-empty list of Tensors")
     for p in params:

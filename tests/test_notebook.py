@@ -65,7 +65,8 @@ rpc_names = pytest.mark.skipif(
 
 def test_every_notebook_is_tested():
     tested = {"01-quickstart.ipynb", "02-devices-buffers.ipynb", "03-events-async.ipynb",
-              "04-scheduler.ipynb", "05-gguf.ipynb", "06-training.ipynb"}
+              "04-scheduler.ipynb", "05-gguf.ipynb", "06-training.ipynb",
+              "07-tensor-parallel.ipynb"}
     assert {p.name for p in NOTEBOOKS.glob("*.ipynb")} == tested
 
 
@@ -169,3 +170,19 @@ def test_06_training(monkeypatch):
     assert last < first / 5 and accuracy > 0.95
     assert abs(nb.number(r"numpy accuracy with the trained parameters: ([\d.]+)") - accuracy) < 0.01
     assert len(nb.data("image/png")) == 1             # the loss curve and the decision regions
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(gg.ggml_version() != "unknown" and tuple(
+    int(x) for x in gg.ggml_version().split(".")[:2]) < (0, 26),
+    reason="ggml_py offers meta devices from ggml 0.26.0")
+def test_07_tensor_parallel(monkeypatch):
+    nb = run("07-tensor-parallel.ipynb", monkeypatch)
+    assert nb.number(r"MLP NMSE meta vs one device ([\d.e+-]+)") < 5e-4
+    assert nb.number(r"attention NMSE meta vs one device ([\d.e+-]+)") < 5e-4
+    assert "all-reduce: RPC comm" in nb.text
+    assert "refused: meta device: MUL_MAT" in nb.text
+    assert len(nb.data("image/png")) == 1                        # where each slice lives
+    assert any("<code>[0:128, :]</code>" in h for h in nb.data("text/html"))
+    if "no CUDA pair here" not in nb.text:
+        assert nb.number(r"CUDA MLP NMSE meta vs one device ([\d.e+-]+)") < 5e-4

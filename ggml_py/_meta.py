@@ -1,0 +1,768 @@
+"""Tensor parallelism: ggml's meta device (ggml 0.26+), ``gg.meta_device(devices, split)``.
+
+A meta device wraps several devices into one: its buffers hold each tensor split across
+them, its backend runs the graph on every part and all-reduces partial sums. How each
+*weight* (a tensor of a static buffer) is split is the caller's :class:`Split`; ggml derives
+the split of every computed node from its sources, and aborts the process on combinations it
+does not implement. This module
+
+- resolves every split in Python when a context is allocated on the meta device
+  (``Context.alloc``), before ggml sees the tensors: the caller's ``split`` runs there, its
+  exceptions reach the caller, and the C callback ggml calls later only looks the answer up
+  (it never runs caller code, never raises through C, and its state lives as long as the
+  process, since ggml never frees a meta device);
+- replays ggml's split-state propagation (``ggml-backend-meta.cpp``) over a graph before the
+  meta backend computes it, refusing what ggml would abort on with the op and the split
+  states named (:func:`plan`);
+- refuses reads and writes ggml would abort on (a PARTIAL tensor's values, a non-contiguous
+  split tensor, axis 3...).
+
+Axes are numpy's (``Split(axis=-1)`` splits the last numpy axis, ggml's axis 0).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Mapping, Sequence
+
+from . import _device, _handle
+from ._backend import Backend
+from ._device import Device
+from ._liveness import compose, ensure_alive
+from ._loader import cstr, ffi, lib
+from ._split import (MAX_DEVICES, MAX_DIMS, MIRRORED, PARTIAL, UNKNOWN, Split,
+                     SplitSpec, State)
+from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, require
+
+# ggml_backend_meta_device appears in the pinned releases from 0.10.1 on (0.9.4 has none:
+# the releases' generated bindings, as `compare` lists them); its split state gained per-segment
+# repeats (`nr`) by 0.25.3, and ggml_py replays the split rules of 0.26.0 (_Planner), so it
+# offers the meta device from 0.26.0 on
+ADDED_IN = "0.10.1"
+CHECKED_FROM = "0.26.0"
+
+
+def available() -> bool:
+    return hasattr(lib, "ggml_backend_meta_device")
+
+
+def _release(v: str) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(x) for x in v.split(".")[:3])
+    except ValueError:
+        return None
+
+
+def require_meta() -> None:
+    from . import ggml_version
+    v = ggml_version()
+    if not available():
+        raise UnsupportedError(f"meta devices (tensor parallelism) need ggml {CHECKED_FROM} or "
+                               f"later; this build is ggml {v}, which has none (ggml added "
+                               f"them in {ADDED_IN})")
+    rel = _release(v)
+    if rel is not None and rel < _release(CHECKED_FROM):  # type: ignore[operator]
+        raise UnsupportedError(f"meta devices (tensor parallelism) need ggml {CHECKED_FROM} or "
+                               f"later; this build is ggml {v}, whose meta device ggml_py does "
+                               f"not check (it replays the split rules of {CHECKED_FROM})")
+    if rel is None:      # a source tree: the split state must have 0.26.0's layout
+        try:
+            ffi.offsetof("struct ggml_backend_meta_split_state", "nr")
+        except (KeyError, ffi.error):
+            raise UnsupportedError(f"this ggml tree's meta split state has no per-segment "
+                                   f"repeats (nr): ggml_py supports the layout of "
+                                   f"{CHECKED_FROM}") from None
+
+
+# -- the C callback ---------------------------------------------------------------------------
+
+_KEEP: list[Any] = []            # (splitter, handle) of every meta device: ggml never frees one
+_CALLBACK: Any = None
+_SAFE: Any = None                # a MIRRORED state, made before any call needs it
+
+
+def _callback() -> Any:
+    global _CALLBACK, _SAFE
+    if _CALLBACK is None:
+        _SAFE = State(MIRRORED).cdata(1)
+
+        def _get_split_state(t: Any, ud: Any) -> Any:
+            # called from C: never raises (a Python exception must not unwind through C)
+            try:
+                return ffi.from_handle(ud).c_state(t)[0]
+            except BaseException as e:  # noqa: BLE001 (recorded, raised later to the caller)
+                try:
+                    ffi.from_handle(ud).errors.append(e)
+                except BaseException:   # noqa: BLE001
+                    pass
+                return _SAFE[0]
+
+        _CALLBACK = ffi.callback("ggml_backend_meta_get_split_state_t", _get_split_state)
+    return _CALLBACK
+
+
+class _Splitter:
+    """A meta device's answers to ggml's split-state callback, keyed by tensor address."""
+
+    def __init__(self, spec: SplitSpec, n: int) -> None:
+        self.spec, self.n = spec, n
+        self.states: dict[int, tuple[State, Any, tuple[Any, ...]]] = {}
+        self.errors: list[BaseException] = []
+
+    def ask(self, t: Any) -> Split:
+        spec = self.spec
+        if callable(spec):
+            got = spec(t)
+        else:
+            got = spec.get(t.name, None)
+        if got is None:
+            return Split.MIRRORED
+        if not isinstance(got, Split):
+            raise InvalidType(f"split({t.name!r}) returned {type(got).__name__}; expected a "
+                              "gg.Split or None (mirrored)")
+        return got
+
+    def admit(self, tensors: list[Any]) -> None:
+        """Resolve every tensor's split (in Python: the caller's exceptions reach the
+        caller) before ggml places them."""
+        found = {}
+        for t in tensors:
+            require(t.size > 0, f"meta device: tensor {t.name!r} is empty (ggml aborts on "
+                                "empty tensors in a meta buffer)")
+            sp = self.ask(t)
+            st = sp.resolve(t.name, t.shape, t.ne, t.type.block_size,
+                            t.type.name == "f32", self.n)
+            found[_addr(t.ptr)] = (st, st.cdata(self.n), _fingerprint(t.ptr))
+        self.states.update(found)
+
+    def c_state(self, raw: Any) -> Any:
+        got = self.states.get(_addr(raw))
+        if got is not None and got[2] == _fingerprint(raw):
+            return got[1]
+        # a tensor placed without Context.alloc (raw calls): mirrored, and said so later
+        self.errors.append(InvalidArgument(
+            f"meta device: tensor {cstr(raw.name)!r} was placed without Context.alloc, so no "
+            "split was resolved for it; it is mirrored"))
+        st = State(MIRRORED)
+        c = st.cdata(self.n)
+        self.states[_addr(raw)] = (st, c, _fingerprint(raw))
+        return c
+
+    def static_state(self, raw: Any) -> State | None:
+        got = self.states.get(_addr(raw))
+        return got[0] if got is not None and got[2] == _fingerprint(raw) else None
+
+    def raise_pending(self) -> None:
+        if self.errors:
+            err, self.errors = self.errors[0], []
+            raise err
+
+
+def _addr(p: Any) -> int:
+    return int(ffi.cast("uintptr_t", p))
+
+
+def _fingerprint(p: Any) -> tuple[Any, ...]:
+    return (int(p.type), tuple(p.ne), cstr(p.name))
+
+
+# -- devices and backends -------------------------------------------------------------------
+
+_BY_DEV: dict[int, "MetaDevice"] = {}
+
+
+class MetaDevice(Device):
+    """A device made of several (``gg.meta_device``): tensors in its buffers are split over
+    its `parts` as its `split` says; its backend computes on all of them."""
+
+    __slots__ = ("parts", "_splitter")
+    parts: tuple[Device, ...]
+    _splitter: _Splitter
+
+    @property
+    def type(self) -> str:
+        return "meta"
+
+    @property
+    def name(self) -> str:
+        # ggml 0.26.0 names every meta device "Meta()": its constructor builds the name from
+        # the device list after moving it away (docs/upstream-issues.md)
+        return "Meta(" + ",".join(d.name for d in self.parts) + ")"
+
+    @property
+    def description(self) -> str:
+        return "Meta(" + ",".join(d.description for d in self.parts) + ")"
+
+    @property
+    def part_ptrs(self) -> list[Any]:
+        return [d.ptr for d in self.parts]
+
+    @property
+    def n_parts(self) -> int:
+        return len(self.parts)
+
+    @property
+    def allreduce(self) -> str:
+        return allreduce_of(self.parts)
+
+    def backend(self, n_threads: int | None = None, params: str | None = None) -> Backend:
+        require(n_threads is None, "a meta device's backend takes no n_threads (its parts "
+                                   "are started with their defaults)", UnsupportedError)
+        ensure_alive(self.ptr)
+        be = MetaBackend._create(self, params=params)
+        assert isinstance(be, MetaBackend)
+        return be
+
+    def check_access(self, raw: Any, what: str) -> None:
+        """What ggml's meta buffer aborts on when `raw` is read or written (`what`)."""
+        self._splitter.raise_pending()
+        st = plan_tensor(raw)
+        name = cstr(raw.name) or "(unnamed)"
+        desc = f"{what} of {name!r} on {self.name}"
+        if st.axis == PARTIAL and what.startswith("get"):
+            raise InvalidArgument(
+                f"{desc}: its split state is PARTIAL (each device holds a partial sum) and "
+                "ggml cannot read it; reduce it first: gg.meta_reduce(t) in the graph "
+                "(an op after it makes ggml all-reduce it)")
+        if st.axis == PARTIAL and int(raw.type) != int(lib.GGML_TYPE_F32):
+            raise InvalidArgument(f"{desc}: ggml writes PARTIAL tensors of f32 only")
+        if st.axis != MIRRORED and not lib.ggml_is_contiguous(raw):
+            raise InvalidArgument(f"{desc}: a split tensor ({st.name()}) that is not "
+                                  "contiguous cannot be read or written by ggml")
+        if st.split and (st.n_seg != 1 or st.nr[0] != 1):
+            if not (st.axis in (0, 1) and raw.ne[3] == 1 and (st.axis == 1 or raw.ne[2] == 1)):
+                raise InvalidArgument(f"{desc}: ggml reads and writes segmented tensors only "
+                                      "split on ggml axis 0 (2-d) or 1 (3-d)")
+        elif st.axis == 3:
+            raise InvalidArgument(f"{desc}: ggml reads and writes tensors split on ggml axis "
+                                  "3 (numpy axis 0 of a 4-d tensor) with no code (it aborts)")
+
+    def where(self, tensor: Any) -> list[tuple[str, tuple[slice, ...] | str]]:
+        """Which slice of `tensor` (numpy indices) lives on which part."""
+        st = plan_tensor(tensor.ptr)
+        shape = tensor.shape
+        n = self.n_parts
+        out: list[tuple[str, tuple[slice, ...] | str]] = []
+        if not st.split:
+            label = "all (mirrored)" if st.axis == MIRRORED else "a partial sum of all"
+            return [(d.name, label) for d in self.parts]
+        k = len(shape) - 1 - st.axis
+        for j, d in enumerate(self.parts):
+            idx: list[slice] = []
+            start = 0
+            for s in range(st.n_seg):
+                for r in range(st._nr(s)):
+                    for jj in range(n):
+                        size = st._ne(s * n + jj)
+                        if jj == j and size:
+                            idx.append(slice(start, start + size))
+                        start += size
+            cut = tuple(slice(None) if i != k else idx[0] for i in range(len(shape))) \
+                if len(idx) == 1 else tuple(idx)
+            out.append((d.name, cut))
+        return out
+
+    def __repr__(self) -> str:
+        return (f"<Device {self.name} (meta) over {[d.name for d in self.parts]} "
+                f"allreduce={self.allreduce}>")
+
+    def _repr_html_(self) -> str:
+        import html
+        rows = "".join(f"<tr><td>{j}</td><td>{html.escape(d.name)}</td>"
+                       f"<td>{html.escape(d.description)}</td></tr>"
+                       for j, d in enumerate(self.parts))
+        return (f"<b>{html.escape(self.name)}</b> (meta device, allreduce: "
+                f"{html.escape(self.allreduce)})<table><tr><th>part</th><th>device</th>"
+                f"<th>description</th></tr>{rows}</table>")
+
+
+class MetaBackend(Backend):
+    """The backend of a meta device: each compute is planned first (:func:`plan`)."""
+
+    @property
+    def allreduce(self) -> str:
+        """Which all-reduce sums partial results: the parts' registry's own
+        (``ggml_backend_comm_allreduce_tensor``: RPC protocol 8, CUDA) or ggml's generic
+        fallback (copies and adds between the parts' backends)."""
+        dev = self.device
+        assert isinstance(dev, MetaDevice)
+        return dev.allreduce
+
+    def _plan(self, graph: Any) -> None:
+        # once per graph until something closes (a graph's nodes and its weights' splits are
+        # fixed; replaying ggml's rules costs about 0.1 ms per node in Python)
+        planned = self.__dict__.setdefault("_planned", weakref.WeakKeyDictionary())
+        if planned.get(graph) != _handle.EPOCH:
+            plan(graph, self)
+            planned[graph] = _handle.EPOCH
+
+    def compute(self, graph: Any) -> None:
+        self._plan(graph)
+        super().compute(graph)
+
+    def compute_async(self, graph: Any) -> None:
+        self._plan(graph)
+        super().compute_async(graph)
+
+    def __repr__(self) -> str:
+        return f"<Backend {self.name} allreduce={self.allreduce}>"
+
+
+def allreduce_of(parts: Sequence[Device]) -> str:
+    """'<registry> (comm)' when the first part's registry offers ggml_backend_comm_init and
+    its allreduce (the meta backend then uses it, falling back to the generic one for a
+    tensor it declines), else 'generic'."""
+    if len(parts) < 2:
+        return "none"
+    reg = parts[0].registry
+    if reg.proc_address("ggml_backend_comm_init") is not None and \
+            reg.proc_address("ggml_backend_comm_allreduce_tensor") is not None:
+        return f"{reg.name} comm"
+    return "generic"
+
+
+def meta_device(devices: Sequence[Device | str], split: SplitSpec) -> MetaDevice:
+    """A meta device over `devices` (names or Devices, 1 to 16, each a plain device), whose
+    weights are split as `split` says: a callable ``tensor -> gg.Split | None`` or a mapping
+    ``name -> gg.Split``; tensors it leaves out are mirrored."""
+    require_meta()
+    from ._device import device as _lookup
+    require(isinstance(devices, (list, tuple)), "meta_device: devices must be a list of "
+            f"devices or names, not {type(devices).__name__}", InvalidType)
+    parts = [d if isinstance(d, Device) else _lookup(d) for d in devices]
+    require(1 <= len(parts) <= MAX_DEVICES,
+            f"meta_device: takes 1 to {MAX_DEVICES} devices (GGML_BACKEND_META_MAX_DEVICES), "
+            f"got {len(parts)}")
+    for d in parts:
+        require(not isinstance(d, MetaDevice) and d.type != "meta",
+                f"meta_device: {d.name} is a meta device itself; meta devices do not nest")
+        ensure_alive(d.ptr)
+    require(callable(split) or isinstance(split, Mapping),
+            "meta_device: split must be a callable (tensor -> gg.Split) or a mapping "
+            f"name -> gg.Split, not {type(split).__name__}", InvalidType)
+    if isinstance(split, Mapping):
+        for k, v in split.items():
+            require(isinstance(k, str) and isinstance(v, Split),
+                    f"meta_device: split maps names to gg.Split, got {k!r}: {v!r}", InvalidType)
+    sp = _Splitter(split, len(parts))
+    handle = ffi.new_handle(sp)
+    _KEEP.append((sp, handle))       # ggml keeps the device (and calls back) until exit
+    arr = ffi.new("ggml_backend_dev_t[]", [d.ptr for d in parts])
+    raw = lib.ggml_backend_meta_device(arr, len(parts), _callback(), handle)
+    if raw == ffi.NULL:
+        raise GGMLError("ggml_backend_meta_device failed")
+    dev = MetaDevice(raw)
+    dev.parts = tuple(parts)
+    dev._splitter = sp
+    Device._cache[_addr(raw)] = dev
+    _BY_DEV[_addr(raw)] = dev
+    compose(raw, dev)
+    buft = lib.ggml_backend_dev_buffer_type(raw)
+    _device._ADMIT[_addr(buft)] = sp.admit
+    return dev
+
+
+def _meta_of_buffer(buf: Any) -> MetaDevice | None:
+    if buf == ffi.NULL:
+        return None
+    dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(buf))
+    return None if dev == ffi.NULL else _BY_DEV.get(_addr(dev))
+
+
+# -- planning: ggml's split-state propagation, replayed ---------------------------------------
+
+def _op(name: str) -> int:
+    return int(getattr(lib, f"GGML_OP_{name}", -1))
+
+
+_BIN = {_op(n) for n in ("ADD", "ADD_ID", "SUB", "MUL", "DIV")}
+_ELEMENTWISE = {_op(n) for n in ("SQR", "SQRT", "LOG", "SIN", "COS", "SCALE", "CLAMP",
+                                 "LEAKY_RELU", "UNARY", "FILL", "SILU_BACK")}
+_PER_ROW = {_op(n) for n in ("SUM_ROWS", "MEAN", "ARGMAX", "NORM", "RMS_NORM", "L2_NORM",
+                             "GROUP_NORM", "CUMSUM", "ARGSORT", "TOP_K")}
+# ggml treats these as elementwise (its split passes through), but each output element reads
+# a whole row: split along rows (ggml axis 0) they compute something else (soft_max measured:
+# NMSE 0.94, docs/tensor-parallel.md); ggml_py refuses that split and passes the others
+_ROW_READING = {_op(n) for n in ("SOFT_MAX", "GLU")}
+# a repeat of a split tensor: not measured, refused
+_SCALAR_ONLY_HERE = {_op("REPEAT")}
+_SCALAR_ONLY = {_op(n) for n in ("DUP", "ADD1", "ACC", "SUM", "DIAG", "DIAG_MASK_INF",
+                                 "DIAG_MASK_ZERO", "SET", "OUT_PROD", "GET_ROWS_BACK")}
+_OPS_MODELLED = _BIN | _ELEMENTWISE | _PER_ROW | _SCALAR_ONLY | _ROW_READING | \
+    _SCALAR_ONLY_HERE | {
+    _op(n) for n in ("NONE", "MUL_MAT", "CONT", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE",
+                     "CPY", "GET_ROWS", "CONCAT")}
+
+
+class Refused(InvalidArgument):
+    """A graph or tensor that ggml's meta backend would abort on."""
+
+
+def _opname(t: Any) -> str:
+    return cstr(lib.ggml_op_desc(t)) or str(int(t.op))
+
+
+def _label(t: Any) -> str:
+    return f"{cstr(t.name) or '(unnamed)'} ({_opname(t)})"
+
+
+class _Planner:
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.memo: dict[tuple[int, bool], State] = {}
+
+    def state(self, t: Any, sync: bool) -> State:
+        key = (_addr(t), sync)
+        got = self.memo.get(key)
+        if got is None:
+            got = self.memo[key] = self._compute(t, sync)
+        return got
+
+    def fail(self, t: Any, srcs: list[tuple[Any, State]], why: str) -> Refused:
+        described = ", ".join(f"{_label(s)}: {st.name()}" for s, st in srcs)
+        return Refused(f"meta device: {_opname(t)} {cstr(t.name) or '(unnamed)'!r} "
+                       f"{why} (sources: {described or 'none'})")
+
+    def _compute(self, t: Any, sync: bool) -> State:
+        n = self.n
+        if int(lib.ggml_nelements(t)) == 0:
+            raise Refused(f"meta device: {_label(t)} is empty; ggml aborts on empty tensors")
+        buf = t.buffer
+        static = buf != ffi.NULL and t.view_src == ffi.NULL and \
+            int(lib.ggml_backend_buffer_get_usage(buf)) != int(lib.GGML_BACKEND_BUFFER_USAGE_COMPUTE)
+        if static:
+            meta = _meta_of_buffer(buf)
+            if meta is None:
+                raise Refused(f"meta device: {_label(t)} lives in a buffer of "
+                              f"{cstr(lib.ggml_backend_buffer_name(buf))}, not of a meta "
+                              "device; allocate it on the meta device (ctx.alloc(meta_backend))")
+            st = meta._splitter.static_state(t)
+            if st is None:
+                meta._splitter.raise_pending()
+                raise Refused(f"meta device: {_label(t)} has no resolved split (placed "
+                              "without Context.alloc?)")
+            return st
+        srcs = [t.src[i] for i in range(int(lib.GGML_MAX_SRC))]
+        ss: list[State] = []
+        present: list[tuple[Any, State]] = []
+        for s in srcs:
+            if s == ffi.NULL or s == t:
+                ss.append(State(UNKNOWN))
+                continue
+            st = self.state(s, True)
+            ss.append(st)
+            present.append((s, st))
+        op = int(t.op)
+        if op not in _OPS_MODELLED:
+            raise self.fail(t, present, "is not an op ggml_py has checked on meta devices")
+        if op == _op("NONE"):
+            if t.view_src != ffi.NULL:
+                return self.state(t.view_src, sync)
+            return State(MIRRORED)
+        for s, st in present:
+            if st.axis == PARTIAL:
+                raise self.fail(t, present, f"consumes {_label(s)}, a PARTIAL tensor that ggml "
+                                            "never all-reduces (only a matmul's partial sums "
+                                            "are reduced before their consumers)")
+        ret = self._rule(t, op, ss, present, sync)
+        if ret.split:
+            self._take_ratio(t, ret, ss, present, srcs)
+        return ret
+
+    def _generic(self, t: Any, ss: list[State], present: list[tuple[Any, State]],
+                 scalar_only: bool) -> State:
+        ret: State | None = None
+        for _, st in present:
+            if ret is None:
+                ret = st.copy()
+            elif not self._equal(st, ret):
+                raise self.fail(t, present, "has sources split in different ways, which ggml "
+                                            "does not implement for this op")
+        if ret is None:
+            raise self.fail(t, present, "has no sources")
+        if scalar_only and ret.split:
+            raise self.fail(t, present, "cannot take a source split along an axis (ggml "
+                                        "implements this op for mirrored sources only)")
+        return ret
+
+    def _equal(self, a: State, b: State) -> bool:
+        return a.axis == b.axis and a.per_device(self.n) == b.per_device(self.n)
+
+    def _rule(self, t: Any, op: int, ss: list[State], present: list[tuple[Any, State]],
+              sync: bool) -> State:
+        if op in _BIN:
+            s0, s1, s2 = ss[0], ss[1], ss[2]
+            if s0.split and int(t.src[1].ne[s0.axis]) == 1 and s1.axis == MIRRORED:
+                return s0.copy()
+            if s2.axis == MIRRORED and (s0.axis == s1.axis or (s0.axis == MIRRORED and
+                                                                s1.axis == PARTIAL)):
+                return s0.copy()
+            if t.src[2] != ffi.NULL and s2.axis != MIRRORED:
+                raise self.fail(t, present, "needs a mirrored third source")
+            return self._generic(t, ss, present, False)
+        if op in _ELEMENTWISE:
+            return self._generic(t, ss, present, False)
+        if op in _SCALAR_ONLY or op in _SCALAR_ONLY_HERE:
+            return self._generic(t, ss, present, True)
+        if op in _ROW_READING:
+            if ss[0].axis == 0:
+                raise self.fail(t, present, "reads whole rows, and its source is split along "
+                                            "rows (numpy axis -1): ggml would compute it on each "
+                                            "device's part of every row (a wrong result)")
+            return self._generic(t, ss, present, False)
+        if op in _PER_ROW:
+            if ss[0].axis == 0:
+                raise self.fail(t, present, "works on whole rows; its source is split along "
+                                            "rows (numpy axis -1), which ggml does not implement")
+            return ss[0].copy()
+        if op == _op("MUL_MAT"):
+            a, b = ss[0], ss[1]
+            if a.axis == MIRRORED and b.axis == MIRRORED:
+                return State(MIRRORED)
+            if a.axis == 1 and b.axis == MIRRORED:
+                if a.n_seg > 1 or a.nr[0] != 1:
+                    raise self.fail(t, present, "multiplies a segmented (fused) weight: ggml "
+                                                "keeps one segment in the result, whose columns "
+                                                "then come out in device order (q0 k0 v0 q1 k1 "
+                                                "v1 instead of q0 q1 k0 k1 v0 v1), a wrong result "
+                                                "(docs/tensor-parallel.md)")
+                r = a.copy()
+                r.axis, r.nr, r.n_seg = 0, [1] + r.nr[1:], 1
+                return r
+            if b.axis == 1 and a.axis == MIRRORED:
+                return b.copy()
+            if a.axis == 0 and b.axis == 0:
+                if not self._equal(a, b):
+                    raise self.fail(t, present, "has its inner axis split differently in its "
+                                                "two sources")
+                return State(MIRRORED if sync else PARTIAL)
+            if a.axis == b.axis and a.axis in (2, 3):
+                if not self._equal(a, b):
+                    raise self.fail(t, present, "has batches split differently")
+                return a.copy()
+            if a.axis in (2, 3) and b.axis == MIRRORED:
+                return a.copy()
+            raise self.fail(t, present, "combines split states ggml's meta backend does not "
+                                        "implement ('unsupported mul_mat split states'); it "
+                                        "implements weight split on numpy axis -2 (columns: "
+                                        "output split) with a mirrored input, or both split "
+                                        "on the inner axis -1 (rows: partial sums)")
+        if op in (_op("CONT"), _op("RESHAPE")):
+            return self._reshape(t, ss, present)
+        if op == _op("CPY"):
+            if ss[0].split:
+                return self._reshape(t, ss, present)
+            return self._generic(t, ss, present, False)
+        if op == _op("VIEW"):
+            return self._view(t, ss, present)
+        if op == _op("PERMUTE"):
+            s0 = ss[0]
+            if s0.split:
+                if not (s0.n_seg == 1 or s0.nr[0] == 1):
+                    raise self.fail(t, present, "permutes a segmented split")
+                axis = int(ffi.cast("int32_t *", t.op_params)[s0.axis])
+                return State(axis, [], [s0.nr[0]], 1)
+            if s0.axis in (MIRRORED, PARTIAL):
+                return s0.copy()
+        if op == _op("TRANSPOSE"):
+            s0 = ss[0]
+            if s0.axis in (0, 1):
+                if not (s0.n_seg == 1 or s0.nr[0] == 1):
+                    raise self.fail(t, present, "transposes a segmented split")
+                return State(s0.axis ^ 1, [], [s0.nr[0]], 1)
+            if s0.axis in (2, 3, MIRRORED, PARTIAL):
+                return s0.copy()
+        if op == _op("GET_ROWS"):
+            if ss[0].axis == 0 and ss[1].axis == MIRRORED:
+                return ss[0].copy()
+            return self._generic(t, ss, present, True)
+        if op == _op("CONCAT"):
+            cax = int(ffi.cast("int32_t *", t.op_params)[0])
+            s0, s1 = ss[0], ss[1]
+            if s0.axis == MIRRORED and s1.split:
+                if cax == s1.axis:
+                    raise self.fail(t, present, "concatenates along the split axis")
+                return s1.copy()
+            if s1.axis == MIRRORED and s0.split:
+                if cax == s0.axis:
+                    raise self.fail(t, present, "concatenates along the split axis")
+                return s0.copy()
+            if s0.axis == s1.axis and s0.axis != cax:
+                return s0.copy()
+            return self._generic(t, ss, present, True)
+        raise self.fail(t, present, "has split states ggml aborts on")
+
+    def _reshape(self, t: Any, ss: list[State], present: list[tuple[Any, State]]) -> State:
+        s0 = ss[0]
+        src = t.src[0]
+        if s0.axis in (MIRRORED, PARTIAL):
+            return s0.copy()
+        if not s0.split:
+            raise self.fail(t, present, "reshapes a source of unknown split")
+        base_in = 1
+        for d in range(s0.axis + 1):
+            base_in *= int(src.ne[d])
+        if s0.n_seg == 1:
+            base_in //= max(s0.nr[0], 1)
+            if s0.axis == int(lib.ggml_n_dims(src)) - 1 and s0.nr[0] == 1:
+                return State(int(lib.ggml_n_dims(t)) - 1)
+            if s0.axis == 0 and t.ne[0] == src.ne[0] and t.ne[1] == 1 and s0.nr[0] == 1:
+                if all(ne == 0 or ne == int(src.ne[0]) for ne in s0.per_device(self.n)):
+                    return State(1)
+        base_out = 1
+        for d in range(MAX_DIMS):
+            base_out *= int(t.ne[d])
+            if base_out % base_in == 0:
+                return State(d, [], [base_out // base_in], 1)
+            if base_out > base_in:
+                if s0.n_seg != 1 or s0.nr[0] != 1:
+                    raise self.fail(t, present, "reshapes a segmented split across its axis")
+                return State(d)
+        raise self.fail(t, present, "reshapes across the split axis ('shape mismatch')")
+
+    def _view(self, t: Any, ss: list[State], present: list[tuple[Any, State]]) -> State:
+        src = t.src[0]
+        if lib.ggml_is_contiguous(t) and lib.ggml_is_contiguous(src):
+            return self._reshape(t, ss, present)
+        s0 = ss[0]
+        same = all((t.ne[d] == 1 and src.ne[d] == 1) or t.nb[d] == src.nb[d]
+                   for d in range(MAX_DIMS))
+        if same:
+            return s0.copy()
+        if not lib.ggml_is_permuted(t) and not lib.ggml_is_permuted(src) and \
+                0 <= s0.axis < MAX_DIMS - 1:
+            for d in range(MAX_DIMS - 1):
+                if t.nb[d + 1] == src.nb[s0.axis + 1]:
+                    return State(d)
+            raise self.fail(t, present, "views a split tensor with strides ggml cannot map")
+        if s0.axis in (MIRRORED, PARTIAL):
+            return s0.copy()
+        raise self.fail(t, present, "views a permuted split tensor ('view of permuted tensor "
+                                    "not implemented')")
+
+    def _take_ratio(self, t: Any, ret: State, ss: list[State], present: list[tuple[Any, State]],
+                    srcs: list[Any]) -> None:
+        """ggml's last step for split results: the per-device sizes follow the first split
+        source's ratio; the other split sources must agree (GGML_ASSERTs there)."""
+        n = self.n
+        first = True
+        for i, s in enumerate(srcs):
+            st = ss[i]
+            if s == ffi.NULL or s == t or not st.split:
+                continue
+            src_len = int(s.ne[st.axis])
+            if first:
+                ne = [0] * (n * max(st.n_seg, ret.n_seg))
+                per = st.per_device(n)
+                for j in range(n):
+                    v = per[j] * int(t.ne[ret.axis])
+                    if v != 0 or src_len != 0:
+                        div = src_len * ret.nr[0]
+                        if div == 0 or v % div:
+                            raise self.fail(t, present, "gets an uneven share on a device "
+                                                        "(the split sizes do not divide its "
+                                                        "shape)")
+                        v //= div
+                    ne[j] = v
+                ret.ne = ne
+            else:
+                if ret.n_seg != 1:
+                    raise self.fail(t, present, "combines a segmented split with another "
+                                                "split source")
+                per = st.per_device(n)
+                for j in range(n):
+                    if ret.ne[j] * ret.nr[0] * src_len != per[j] * int(t.ne[ret.axis]):
+                        raise self.fail(t, present, "has split sources whose ratios differ")
+            first = False
+        if first:
+            raise self.fail(t, present, "is split with no split source")
+
+
+def plan(graph: Any, backend: MetaBackend) -> dict[int, State]:
+    """Check `graph` for the meta backend before ggml sees it: the split state of every
+    node as ggml would derive it; Refused (an InvalidArgument) for what ggml aborts on."""
+    dev = backend.device
+    assert isinstance(dev, MetaDevice)
+    dev._splitter.raise_pending()
+    gp = graph.ptr
+    n_nodes = int(lib.ggml_graph_n_nodes(gp))
+    pl = _Planner(dev.n_parts)
+    states = {}
+    nodes = [lib.ggml_graph_node(gp, i) for i in range(n_nodes)]
+    for i, t in enumerate(nodes):
+        if t.buffer != ffi.NULL and t.view_src == ffi.NULL:
+            m = _meta_of_buffer(t.buffer)
+            if m is None:
+                raise Refused(f"meta device: node {_label(t)} lives in a buffer of "
+                              f"{cstr(lib.ggml_backend_buffer_name(t.buffer))}")
+        st = pl.state(t, False)
+        if st.axis == UNKNOWN:
+            raise Refused(f"meta device: node {_label(t)} has an unknown split")
+        if st.axis == PARTIAL:
+            if i == n_nodes - 1:
+                raise Refused(
+                    f"meta device: the graph's last node {_label(t)} is PARTIAL (each device "
+                    "holds a partial sum): ggml does not all-reduce a graph's last node and "
+                    "cannot read it; end the graph with gg.meta_reduce(t)")
+            if not lib.ggml_is_contiguous(t):
+                raise Refused(f"meta device: {_label(t)} is PARTIAL and not contiguous; "
+                              "ggml's all-reduce needs contiguous tensors")
+        states[_addr(t)] = st
+    last = nodes[-1] if nodes else None
+    if last is not None and last.view_src != ffi.NULL and int(last.view_src.op) == _op("NONE") \
+            and lib.ggml_backend_buffer_is_host(last.view_src.buffer):
+        raise Refused(f"meta device: the graph's last node {_label(last)} is a view of "
+                      f"{_label(last.view_src)} in host memory; ggml's meta backend skips such "
+                      "nodes and then aborts (GGML_ASSERT(i_start == cgraph->n_nodes)); end "
+                      "the graph with gg.cont(view)")
+    dev._splitter.raise_pending()
+    return states
+
+
+def _meta_under(raw: Any, seen: set[int]) -> MetaDevice | None:
+    """The meta device whose buffer holds `raw`, its view source or (not yet allocated) one
+    of the tensors it is computed from."""
+    if _addr(raw) in seen:
+        return None
+    seen.add(_addr(raw))
+    for b in (raw.buffer, raw.view_src.buffer if raw.view_src != ffi.NULL else ffi.NULL):
+        m = _meta_of_buffer(b)
+        if m is not None:
+            return m
+    for i in range(int(lib.GGML_MAX_SRC)):
+        s = raw.src[i]
+        if s != ffi.NULL and s != raw:
+            m = _meta_under(s, seen)
+            if m is not None:
+                return m
+    return None
+
+
+def meta_of_tensor(t: Any) -> "MetaDevice | None":
+    """The meta device `t` (a Tensor) lives on or is computed on, None for other tensors."""
+    return _meta_under(t.ptr, set()) if _BY_DEV else None
+
+
+def plan_tensor(raw: Any) -> State:
+    """The split state ggml gives the tensor `raw` (of a meta buffer) when it is read."""
+    meta = _meta_under(raw, set())
+    if meta is None:
+        return State(MIRRORED)
+    return _Planner(meta.n_parts).state(raw, False)
+
+
+def meta_reduce(t: Any) -> Any:
+    """`t`, all-reduced: an op after a PARTIAL tensor makes ggml's meta backend sum it over
+    the devices first (``ggml_scale(t, 1)``); its result is mirrored and can be read."""
+    from . import ops
+    return ops.scale(t, 1.0)
+
+
+def split_states(graph: Any, backend: MetaBackend) -> list[tuple[str, str, str]]:
+    """(node name, op, split state) for every node of `graph` as the meta backend derives."""
+    states = plan(graph, backend)
+    gp = graph.ptr
+    out = []
+    for i in range(int(lib.ggml_graph_n_nodes(gp))):
+        t = lib.ggml_graph_node(gp, i)
+        out.append((cstr(t.name) or "", _opname(t), states[_addr(t)].name(int(lib.ggml_n_dims(t)))))
+    return out
