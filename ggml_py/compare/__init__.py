@@ -26,9 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import _diff, _report
+from . import _diff, _report, _verdict
 from ._cases import CASES, TYPES
-from ._sides import CompareError, Side, SpeedWorker, build, probe, resolve, run_cells
+from ._sides import (CompareError, Side, SpeedWorker, build, probe, resolve, rpc_cross,
+                     run_cells)
 
 SCHEMA_VERSION = 1
 __all__ = ["compare", "main", "CompareError"]
@@ -87,11 +88,25 @@ def _speed(sa: Side, sb: Side, devices: list[str], ops: list[str], rounds: int, 
     return ra, rb, {"a": wa.skipped, "b": wb.skipped}
 
 
+def _cross(sa: Side, sb: Side, pa: dict, pb: dict, progress) -> list[dict] | None:
+    """RPC across the sides, tried: a client of each side against a server of the other,
+    and each side against itself (the controls), each pair in its own processes."""
+    if not (pa["runtime"].get("rpc") and pb["runtime"].get("rpc")):
+        return None
+    out = []
+    for (rc, c), (rs, s) in ((("a", sa), ("a", sa)), (("b", sb), ("b", sb)),
+                             (("a", sa), ("b", sb)), (("b", sb), ("a", sa))):
+        progress(f"RPC: a {c.label} client against a {s.label} server")
+        out.append({"roles": [rc, rs], **rpc_cross(c, s)})
+    return out
+
+
 def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = None,
             backends: str | None = None, devices: list[str] | None = None,
             ops: list[str] | None = None, types: list[str] | None = None, speed: bool = True,
             rounds: int = 5, threads: int = 1, max_slowdown: float | None = None, backend_ops: str | None = None,
-            backend_ops_filter: str | None = None, progress=None) -> dict:
+            backend_ops_filter: str | None = None, rpc_cross_check: bool = True,
+            progress=None) -> dict:
     """Compare two builds; return the report (the JSON document, see docs/compare-schema.json).
 
     `devices`/`ops`/`types` narrow the op matrix (default: every device both sides have or
@@ -135,12 +150,14 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
     speed_meta["skipped"] = speed_skipped
     speed_meta["cpu_threads"] = threads
 
+    runtime = _diff.runtime(pa["runtime"], pb["runtime"])
+    runtime["rpc_cross"] = _cross(sa, sb, pa, pb, progress) if rpc_cross_check else None
     report = {
         "schema": SCHEMA_VERSION,
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "a": pa["side"], "b": pb["side"],
         "api": _diff.api(pa["api"], pb["api"]),
-        "runtime": _diff.runtime(pa["runtime"], pb["runtime"]),
+        "runtime": runtime,
         "ops": _diff.ops(cells, res_a, res_b),
         "ops_meta": {"devices": devs, "ops": op_names, "types": type_names,
                      "cells": len(cells), "seed": "sha256 of 'op/type'"},
@@ -157,7 +174,8 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
             progress(f"test-backend-ops {mode} on {s.label}")
             acc += _backend_ops.run(s, mode, backend_ops_filter, timeout=3600)
         report["backend_ops"] = {"mode": mode, **_backend_ops.join(ba, bb)}
-    report["regressions"] = _diff.regressions(report)
+    report["verdict"] = _verdict.verdict(report)
+    report["regressions"] = _verdict.regressions(report["verdict"])
     progress.done()
     return report
 

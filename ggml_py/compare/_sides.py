@@ -219,3 +219,52 @@ class SpeedWorker:
             self.proc.wait(timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             _kill(self.proc)
+
+
+def _signal_name(code: int) -> str:
+    import signal
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def rpc_cross(client: Side, server: Side, timeout: float = 120) -> dict:
+    """A client of `client` against an RPC server of `server`, each its own build (see
+    _rpc_cross): {"client", "server", "talks", "stage" (where it ended), "hello" or
+    "hello_error" (ggml_py's view), "outcome" ("talks", "aborted", "error", "timeout"),
+    "signal", "message" (ggml's last words on stderr)}."""
+    short = lambda s: Path(s.label).name if os.sep in s.label else s.label   # noqa: E731
+    res: dict = {"client": short(client), "server": short(server), "talks": False}
+    try:
+        r = subprocess.run([sys.executable, "-m", "ggml_py.compare._rpc_cross", str(server.folder)],
+                           env=child_env(client), capture_output=True, text=True,
+                           timeout=timeout, start_new_session=True)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        stages = [ln[6:] for ln in out.splitlines() if ln.startswith("stage ")]
+        res.update(outcome="timeout", stage=stages[-1] if stages else None,
+                   message=f"no answer within {timeout:.0f} s")
+        return res
+    lines = r.stdout.splitlines()
+    stages = [ln[6:] for ln in lines if ln.startswith("stage ")]
+    res["stage"] = stages[-1] if stages else None
+    doc = next((json.loads(ln) for ln in reversed(lines) if ln.startswith("{")), None)
+    if doc is not None:
+        res.update(doc)
+        res["outcome"] = "talks" if doc.get("talks") else "error"
+        if doc.get("error"):
+            res["message"] = doc["error"]
+        return res
+    err = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()]
+    said = [ln for ln in err if "GGML_ASSERT" in ln or "error" in ln.lower()
+            or "mismatch" in ln.lower() or "failed" in ln.lower()]
+    res.update(outcome="aborted" if r.returncode < 0 else "error",
+               signal=_signal_name(r.returncode),
+               message=" | ".join((said or err)[-3:])[-600:])
+    for ln in lines:
+        if ln.startswith("hello {"):
+            res.update(json.loads(ln[6:]))
+    return res
