@@ -33,12 +33,27 @@ class Side:
         return (self.folder / "build.json").exists()
 
 
+def _build_command() -> list[str] | None:
+    """How to run build_ggml: the checkout's script, or the build tooling an installed
+    package ships (``python -m ggml_build``); None when neither is there."""
+    if (CHECKOUT / "build_ggml.py").exists():
+        return [sys.executable, str(CHECKOUT / "build_ggml.py")]
+    try:
+        import importlib.util
+        if importlib.util.find_spec("ggml_build.__main__") is not None:
+            return [sys.executable, "-m", "ggml_build"]
+    except ImportError:
+        pass
+    return None
+
+
 def _build_tools():
-    if not (CHECKOUT / "build_ggml.py").exists():
-        return None
-    if str(CHECKOUT) not in sys.path:
+    if (CHECKOUT / "build_ggml.py").exists() and str(CHECKOUT) not in sys.path:
         sys.path.insert(0, str(CHECKOUT))
-    from ggml_build import flags, pins
+    try:
+        from ggml_build import flags, pins
+    except ImportError:
+        return None
     return flags, pins
 
 
@@ -78,11 +93,14 @@ def build(side: Side, progress) -> None:
         return
     if side.build_args is None:
         raise CompareError(f"{side.folder} holds no finished build")
-    cmd = [sys.executable, str(CHECKOUT / "build_ggml.py"), *side.build_args,
-           "--jobs", str(min(os.cpu_count() or 2, 8))]
+    base = _build_command()
+    if base is None:
+        raise CompareError(f"cannot build {side.label}: this installation has neither "
+                           "build_ggml.py nor the ggml_build package")
+    cmd = [*base, *side.build_args, "--jobs", str(min(os.cpu_count() or 2, 8))]
     t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, cwd=CHECKOUT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=CHECKOUT if base[1] != "-m" else None, stdout=log, stderr=subprocess.STDOUT)
         while proc.poll() is None:
             progress(f"building {side.label} ({time.monotonic() - t0:.0f} s): "
                      f"{' '.join(side.build_args)}")
