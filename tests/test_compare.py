@@ -1,6 +1,7 @@
 """python -m ggml_py compare: two real releases side by side (0.20.2 vs the default on CPU + RPC),
 each side in its own processes, the JSON checked against docs/compare-schema.json; the crash
 isolation of the op matrix; the renderings."""
+import html
 import json
 import os
 import subprocess
@@ -140,7 +141,7 @@ def test_two_releases_speed_and_renderings(old_new):
     for row in rep["speed"]:
         assert row["a_us"] > 0 and row["b_us"] > 0 and row["ratio"] > 0
     md = render(rep, "md")
-    for section in ("## Regressions", "## API", "### Structs", "### Enums", "## Runtime",
+    for section in ("## What breaks", "## API", "### Structs", "### Enums", "## Runtime",
                     "## Ops", "## Speed"):
         assert section in md
     page = render(rep, "html")
@@ -168,6 +169,39 @@ def test_a_cell_that_aborts_its_process_is_one_crashed_cell(tmp_path):
         assert rows[key]["nmse_ab"] == 0.0
     assert rep["regressions"] == [] and r.returncode == 0
     assert rep["api"]["functions"]["added"] == rep["api"]["functions"]["removed"] == []
+    # RPC tried across the sides (the same build: every pair talks), nothing breaking
+    cross = rep["runtime"]["rpc_cross"]
+    assert [c["roles"] for c in cross] == [["a", "a"], ["b", "b"], ["a", "b"], ["b", "a"]]
+    assert all(c["talks"] and c["outcome"] == "talks" for c in cross)
+    assert rep["verdict"]["breaking"] == [] and rep["verdict"]["same"]["by_kind"]["rpc"] == 1
+
+
+@pytest.mark.slow
+def test_the_rpc_protocol_break_is_breaking_and_exits_1(tmp_path):
+    """0.25.3 vs 0.26.0 (RPC 7 -> 8): a client of each side against a server of the other,
+    tried: both abort in ggml's handshake, while each side talks to itself; the report opens
+    with it as breaking, and the exit status is 1."""
+    out = tmp_path / "rpc.json"
+    r = compare("0.25.3", "0.26.0", "--backends", "cpu,rpc", "--ops", "add", "--types", "f32",
+                "--rounds", "0", "--format", "json", "-o", str(out))
+    rep = json.loads(out.read_text())
+    validate(rep)
+    assert r.returncode == 1
+    (rpc,) = [i for i in rep["verdict"]["breaking"] if i["kind"] == "rpc"]
+    assert rpc["what"].startswith("RPC protocol 7.0.0 -> 8.0.0")
+    assert "a 0.25.3 client cannot use a 0.26.0 server" in rpc["what"]
+    assert "a 0.26.0 client cannot use a 0.25.3 server" in rpc["what"]
+    cross = {tuple(c["roles"]): c for c in rep["runtime"]["rpc_cross"]}
+    assert cross[("a", "a")]["talks"] and cross[("b", "b")]["talks"]
+    for pair, theirs in ((("a", "b"), "8.0.0"), (("b", "a"), "7.0.0")):
+        c = cross[pair]
+        assert not c["talks"] and c["outcome"] == "aborted" and c["signal"] == "SIGABRT"
+        assert f"RPC server version mismatch: {theirs}" in c["message"]
+    assert rep["regressions"][0].startswith("RPC protocol 7.0.0 -> 8.0.0")
+    # every rendering opens with it
+    for fmt in ("md", "html", "text"):
+        text = html.unescape(render(rep, fmt))
+        assert text.index("RPC protocol 7.0.0 -> 8.0.0") < text.index("API")
 
 
 def test_a_side_that_does_not_exist_is_an_error_not_a_traceback():

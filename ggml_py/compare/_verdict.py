@@ -93,7 +93,7 @@ def _api(rep: dict, items: list[dict], same: dict) -> None:
         items.append(_item("changed", "function", f"{len(f['added'])} function(s) added",
                            ", ".join(f["added"][:20]) + (" ..." if len(f["added"]) > 20 else "")))
     same["functions"] = f["count"]["a"] - len(f["removed"]) - len(f["changed"])
-    st = api["structs"]
+    st = {"added": [], "removed": [], **api["structs"]}
     for n in st["removed"]:
         items.append(_item("breaking", "struct", f"struct removed: {n}"))
     for s in st["changed"]:
@@ -110,7 +110,7 @@ def _api(rep: dict, items: list[dict], same: dict) -> None:
     if st["added"]:
         items.append(_item("changed", "struct", f"{len(st['added'])} struct(s) added",
                            ", ".join(st["added"][:20])))
-    en = api["enums"]
+    en = {"added": [], "removed": [], **api["enums"]}
     for n in en["removed"]:
         items.append(_item("breaking", "enum", f"enum removed: {n}"))
     for e in en["changed"]:
@@ -125,7 +125,7 @@ def _api(rep: dict, items: list[dict], same: dict) -> None:
             items.append(_item("changed", "enum", f"enum values added: {e['name']}",
                                ", ".join([f"+{k}={v}" for k, v in e["added"].items()]
                                          + [f"{k} {v[0]}->{v[1]}" for k, v in sentinel.items()])))
-    c = api["constants"]
+    c = {"changed": {}, "removed": {}, **api["constants"]}
     other = {k: v for k, v in c["changed"].items() if not k.startswith("RPC_PROTO_")}
     if other or c["removed"]:
         items.append(_item("changed", "constant", f"{len(other)} constant(s) changed, "
@@ -136,6 +136,7 @@ def _api(rep: dict, items: list[dict], same: dict) -> None:
 
 def _runtime(rep: dict, items: list[dict], same: dict) -> None:
     rt = rep["runtime"]
+    rt.setdefault("registries", {"added": [], "removed": []})
     for n in rt["registries"]["removed"]:
         items.append(_item("breaking", "device", f"backend registry gone: {n}"))
     for n in rt["registries"]["added"]:
@@ -168,7 +169,7 @@ def _runtime(rep: dict, items: list[dict], same: dict) -> None:
                 items.append(_item("changed", "extension", f"{name} added (proc address)"))
             else:
                 same["extensions"] = same.get("extensions", 0) + 1
-    same["devices"] = len([d for d in rt["b"]["devices"]]) - len(rt["devices"]["added"]) \
+    same["devices"] = len((rt.get("b") or {}).get("devices", [])) - len(rt["devices"]["added"]) \
         - len(rt["devices"]["changed"])
 
 
