@@ -284,3 +284,36 @@ def test_newer_to_older_is_a_regression_and_exits_1(old_new, tmp_path):
     assert r.returncode == 1
     assert rep["regressions"][0].startswith("op scale bf16 on CPU: ok -> refused")
     assert "function removed: ggml_swiglu_clamp" in rep["regressions"]
+
+
+# -- bad command lines: one line on stderr, exit 2, nothing built or run -----------------------
+@pytest.mark.parametrize("args, says", [
+    (["--backends", "cpu,nope"], "unknown backend(s): nope"),
+    (["--threads", "0"], "--threads must be at least 1"),
+    (["--threads", "x"], "invalid int value"),
+    (["--rounds", "-1"], "--rounds must be at least 0"),
+    (["--max-slowdown", "0"], "--max-slowdown must be a positive"),
+    (["-o", "/no/such/dir/r.json"], "does not exist"),
+    (["-o", "/"], "is a folder"),
+    (["--ops", "ad,mul"], "unknown op(s): ad; valid: add, sub"),
+    (["--types", "f32,f33"], "unknown type(s): f33; valid: f32, f16"),
+    (["--ops", ","], "--ops is empty"),
+    (["--devices", "CPUU", "--ops", "add", "--rounds", "0"], "unknown device(s): CPUU; valid: CPU"),
+    (["--backend-ops", "tset"], "--backend-ops must be"),
+])
+def test_bad_arguments_are_one_line_errors(args, says):
+    build = str(gg.BUILD_DIR)
+    r = subprocess.run([sys.executable, "-m", "ggml_py", "compare", build, build, *args, "-q"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and says in lines[0], r.stderr
+    assert r.stdout == ""
+
+
+def test_a_source_that_is_no_ggml_tree_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ggml_py", "compare", str(gg.BUILD_DIR),
+                        "--source", str(tmp_path), "-q"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "is not a ggml tree" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

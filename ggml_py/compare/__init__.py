@@ -101,6 +101,16 @@ def _cross(sa: Side, sb: Side, pa: dict, pb: dict, progress) -> list[dict] | Non
     return out
 
 
+def check_names(what: str, given: list[str] | None, valid: list[str]) -> None:
+    """CompareError naming the unknown values and the valid ones (a typo in a filter would
+    otherwise compare nothing and pass)."""
+    if given is None:
+        return
+    unknown = [g for g in given if g not in valid]
+    if unknown:
+        raise CompareError(f"unknown {what}(s): {', '.join(unknown)}; valid: {', '.join(valid)}")
+
+
 def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = None,
             backends: str | None = None, devices: list[str] | None = None,
             ops: list[str] | None = None, types: list[str] | None = None, speed: bool = True,
@@ -114,6 +124,8 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
     ("test", "support"; default: "test" with a non-CPU device, else "support") when both
     builds carry it."""
     progress = progress or Progress(quiet=True)
+    check_names("op", ops, [c.op for c in CASES])
+    check_names("type", types, list(TYPES))
     if b is None and source is None:
         raise CompareError("give two sides: A B, or A --source PATH")
     sa = resolve(a, backends=backends)
@@ -131,6 +143,7 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
     names_a = [d["name"] for d in pa["runtime"]["devices"]]
     names_b = [d["name"] for d in pb["runtime"]["devices"]]
     all_devs = names_a + [n for n in names_b if n not in names_a]
+    check_names("device", devices, all_devs)
     devs = [d for d in all_devs if devices is None or d in devices]
     op_names = [c.op for c in CASES if ops is None or c.op in ops]
     type_names = [t for t in TYPES if types is None or t in types]
@@ -190,8 +203,13 @@ def render(report: dict, fmt: str) -> str:
     return "\n".join(_report.summary_lines(report)) + "\n"
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):          # one line, not the usage block (see --help)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def parse_args(argv) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m ggml_py compare",
+    p = _Parser(prog="python -m ggml_py compare",
                                 description=__doc__.split("\n\n")[0].strip("`: "),
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -217,6 +235,26 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--backend-ops-filter", metavar="OPS", help="test-backend-ops -o filter")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     args = p.parse_args(argv)
+    for name, value, low in (("--threads", args.threads, 1), ("--rounds", args.rounds, 0)):
+        if value < low:
+            p.error(f"{name} must be at least {low}, got {value}")
+    if args.max_slowdown is not None and not args.max_slowdown > 0:
+        p.error(f"--max-slowdown must be a positive factor, got {args.max_slowdown}")
+    if args.backend_ops is not None and args.backend_ops not in ("test", "support", "perf"):
+        p.error(f"--backend-ops must be test, support or perf, got {args.backend_ops!r}")
+    if args.output is not None:
+        parent = args.output.expanduser().resolve().parent
+        if args.output.is_dir():
+            p.error(f"-o {args.output}: is a folder; give a file name")
+        if not parent.is_dir():
+            p.error(f"-o {args.output}: the folder {parent} does not exist")
+        if not os.access(parent, os.W_OK):
+            p.error(f"-o {args.output}: the folder {parent} is not writable")
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]   # noqa: E731
+    for name in ("devices", "ops", "types"):
+        value = getattr(args, name)
+        if value is not None and not split(value):
+            p.error(f"--{name} is empty: give a comma list")
     if args.b is None and args.source is None:
         p.error("give B, or --source PATH")
     if args.b is not None and args.source is not None:
@@ -238,7 +276,11 @@ def main(argv=None) -> int:
         return 2
     text = render(rep, args.format)
     if args.output:
-        args.output.write_text(text)
+        try:
+            args.output.write_text(text)
+        except OSError as e:
+            print(f"compare: error: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(text)
     if args.format != "text":

@@ -58,9 +58,25 @@ def _build_tools():
 
 
 def resolve(spec: str, *, source: Path | None = None, backends: str | None = None) -> Side:
+    """`_resolve`, with the build tooling's errors (an unknown backend, a folder that is no
+    ggml tree) as CompareError: one line for the user, never a traceback."""
+    try:
+        return _resolve(spec, source=source, backends=backends)
+    except CompareError:
+        raise
+    except Exception as e:
+        from_tools = type(e).__module__.startswith("ggml_build")
+        if not from_tools and not isinstance(e, (OSError, ValueError)):
+            raise
+        raise CompareError(f"{spec}: {e}") from None
+
+
+def _resolve(spec: str, *, source: Path | None = None, backends: str | None = None) -> Side:
     """A side from a pinned release ("0.26.0"), a build folder (path or name under
     ggml_py/lib), or a ggml source tree (`source`, or a path holding include/ggml.h)."""
     tools = _build_tools()
+    if backends is not None and tools is not None:     # checked even where nothing is built
+        tools[0].parse_backends(backends, tools[0].Platform.detect())
     path = Path(spec).expanduser() if spec else None
     if source is None and path is not None and (path / "build.json").exists():
         return Side(spec, path.resolve())
