@@ -172,8 +172,14 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
         "api": _diff.api(pa["api"], pb["api"]),
         "runtime": runtime,
         "ops": _diff.ops(cells, res_a, res_b),
+        "rule_disagreements": _diff.rule_disagreements(cells, res_a, res_b, (sa.label, sb.label)),
         "ops_meta": {"devices": devs, "ops": op_names, "types": type_names,
-                     "cells": len(cells), "seed": "sha256 of 'op/type'"},
+                     "cells": len(cells), "seed": "sha256 of 'op/type'",
+                     "method": "each cell built with ggml's own calls, without ggml_py's rules "
+                               "(the calls ggml_py makes for f32 operands, recorded and replayed "
+                               "on the cell's types), run in a crash-isolated worker; ok: NMSE "
+                               "against numpy within test-backend-ops' threshold; ggml_py's rule "
+                               "for the cell asked separately (rule: allowed/refused)"},
         "speed": speed_rows, "speed_meta": speed_meta,
         "backend_ops": None,
     }

@@ -148,6 +148,35 @@ def ops(cells: list, ra: list[dict], rb: list[dict]) -> list[dict]:
     return rows
 
 
+WRONG = ("crash", "fail", "timeout", "error")
+
+
+def rule_disagreements(cells: list, ra: list[dict], rb: list[dict], labels: tuple[str, str]) -> list[dict]:
+    """Cells where ggml_py's rule and what the build does disagree, per side: the rule refuses
+    what computes right ("too strict"), or allows what aborts, computes wrong, errs or hangs
+    ("too loose")."""
+    out, seen = [], set()
+    for side, label, res in (("a", labels[0], ra), ("b", labels[1], rb)):
+        label = label.rstrip("/").rsplit("/", 1)[-1]
+        for (dev, op, ty), r in zip(cells, res):
+            if (label, dev, op, ty) in seen:       # (the same build on both sides)
+                continue
+            seen.add((label, dev, op, ty))
+            rule = r.get("rule")
+            if rule == "refused" and r["status"] == OK:
+                kind = "too strict"
+            elif rule == "allowed" and r["status"] in WRONG:
+                kind = "too loose"
+            else:
+                continue
+            out.append({"side": side, "build": label, "device": dev, "op": op, "type": ty,
+                        "kind": kind, "rule": rule, "status": r["status"],
+                        "detail": r.get("rule_error") if kind == "too strict" else
+                        (r.get("error") or (f"NMSE {r['nmse']:.2e} > {r['threshold']:.0e}"
+                                            if r.get("nmse") is not None else ""))})
+    return out
+
+
 def speed(rounds_a: list[dict], rounds_b: list[dict], max_slowdown: float | None,
           floor: float = 0.05) -> tuple[list[dict], dict]:
     """Per (device, op): median time of each side over the rounds, B/A, and a flag where the

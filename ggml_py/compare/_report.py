@@ -8,6 +8,9 @@ STATUS_MARK = {"ok": "ok", "fail": "FAIL", "crash": "CRASH", "timeout": "TIMEOUT
                "unsupported": "unsup", "refused": "-", "absent": "absent"}
 COLOURS = {"ok": "#4caf50", "fail": "#e53935", "crash": "#6a1b9a", "timeout": "#6a1b9a",
            "error": "#ff9800", "unsupported": "#bdbdbd", "refused": "#f5f5f5", "absent": "#ffffff"}
+MEANING = {"ok": "computes, matches", "fail": "computes wrong", "crash": "aborts",
+           "timeout": "hangs", "error": "error", "unsupported": "unsupported",
+           "refused": "no such cell", "absent": "no such device"}
 VERDICT_ORDER = {"regressed": 0, "changed": 1, "differs": 2, "improved": 3, "same": 4}
 
 
@@ -96,6 +99,12 @@ def summary_lines(rep: dict) -> list[str]:
             out.append(f"  {r['verdict']:<9} {r['device']:<6} {r['op']:<16} {r['type']:<5} "
                        f"{r['a']['status']} -> {r['b']['status']}"
                        + (f" (A vs B NMSE {_e(r['nmse_ab'])})" if r["verdict"] == "differs" else ""))
+    dis = rep.get("rule_disagreements") or []
+    if dis:
+        out.append(f"\nggml_py's rule and the build disagree in {len(dis)} cell(s):")
+        for d in dis[:12]:
+            out.append(f"  {d['kind']:<10} {d['build']}: {d['device']} {d['op']} {d['type']}: rule "
+                       f"{d['rule']}, the build {MEANING.get(d['status'], d['status'])}")
     sm = rep["speed_meta"]
     if rep["speed"]:
         out.append(f"\nspeed: {sm['rounds']} rounds each, median noise "
@@ -188,13 +197,30 @@ def markdown(rep: dict) -> str:
     for d in rt["devices"]["changed"]:
         L.append(f"\n- {d['name']}: " + "; ".join(f"{k} {v}" for k, v in d.items() if k != "name"))
     L += ["", "## Ops", "",
-          f"{len(rep['ops'])} cells (op x type x device) that either side computes; each cell "
-          "in a crash-isolated child process with the same seeded inputs on both sides. "
-          "Status A -> B, NMSE against numpy; cells refused by both sides are left out.", ""]
-    L += ["| verdict | device | op | type | A | B | NMSE A | NMSE B | A vs B |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rep["ops"], key=lambda r: (VERDICT_ORDER.get(r["verdict"], 9), r["device"], r["op"])):
-        L.append(f"| {r['verdict']} | {r['device']} | {r['op']} | {r['type']} | {r['a']['status']} | "
-                 f"{r['b']['status']} | {_e(r['a'].get('nmse'))} | {_e(r['b'].get('nmse'))} | {_e(r['nmse_ab'])} |")
+          f"{len(rep['ops'])} cells (op x type x device). Each cell is built with ggml's own "
+          "calls, without ggml_py's rules (the calls ggml_py makes for f32 operands, recorded "
+          "and replayed on the cell's types), and run in a crash-isolated worker with the same "
+          "seeded inputs on both sides: *computes, matches* (NMSE against numpy within "
+          "test-backend-ops' threshold), *computes wrong*, *aborts* (signal and ggml's message), "
+          "*unsupported* (the device says so), *hangs*. ggml_py's own rule for the cell is the "
+          "last column. Cells that cannot exist (a shape no block size divides) are left out.", ""]
+    L += rules_markdown(rep)
+    L += ["| verdict | device | op | type | A | B | NMSE A | NMSE B | A vs B | ggml_py rule A / B |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = sorted(rep["ops"], key=lambda r: (VERDICT_ORDER.get(r["verdict"], 9), r["device"], r["op"]))
+    n_same = sum(r["verdict"] == "same" for r in rows)
+    for r in rows:
+        if r["verdict"] == "same" and n_same > 40:
+            continue
+        L.append(f"| {r['verdict']} | {r['device']} | {r['op']} | {r['type']} | "
+                 f"{MEANING.get(r['a']['status'], r['a']['status'])} | "
+                 f"{MEANING.get(r['b']['status'], r['b']['status'])} | {_e(r['a'].get('nmse'))} | "
+                 f"{_e(r['b'].get('nmse'))} | {_e(r['nmse_ab'])} | "
+                 f"{r['a'].get('rule', '-')} / {r['b'].get('rule', '-')} |")
+    if n_same > 40:
+        L += ["", f"<details><summary>{n_same} cells the same on both sides</summary>", "",
+              ", ".join(f"{r['device']} {r['op']} {r['type']} ({MEANING.get(r['b']['status'])})"
+                        for r in rows if r["verdict"] == "same"), "", "</details>"]
     sm = rep["speed_meta"]
     L += ["", "## Speed", ""]
     if rep["speed"]:
@@ -214,6 +240,22 @@ def markdown(rep: dict) -> str:
             if bo.get(k):
                 L.append(f"\n{k.replace('_', ' ')}: " + ", ".join(f"`{x}`" for x in bo[k][:50]))
     return "\n".join(L) + "\n"
+
+
+def rules_markdown(rep: dict) -> list[str]:
+    dis = rep.get("rule_disagreements")
+    if dis is None:
+        return []
+    L = ["### Where ggml_py's rule and the build disagree", ""]
+    if not dis:
+        return L + ["None: in every cell tried, ggml_py refuses exactly what the build cannot "
+                    "compute right.", ""]
+    L += ["| build | device | op | type | rule | the build | detail |", "|---|---|---|---|---|---|---|"]
+    for d in dis:
+        L.append(f"| {d['build']} | {d['device']} | {d['op']} | {d['type']} | {d['rule']} "
+                 f"({d['kind']}) | {MEANING.get(d['status'], d['status'])} | "
+                 f"{(d['detail'] or '').replace('|', '/')[:160]} |")
+    return L + [""]
 
 
 def verdict_markdown(rep: dict) -> list[str]:
@@ -326,6 +368,7 @@ pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; font-size: 12px; }}
 <p>A: {html.escape(_side(a))}<br>B: {html.escape(_side(b))}{ident}</p>
 <h2>What breaks</h2>{regs}
 <h2>Op matrix</h2>{_grid(rep)}
+<h3>Where ggml_py's rule and the build disagree</h3><pre>{html.escape(chr(10).join(rules_markdown(rep)[2:]))}</pre>
 <h2>Speed</h2>{_svg_speed(rep['speed'])}
 <h2>Full report</h2><pre>{html.escape(md)}</pre>
 </body></html>

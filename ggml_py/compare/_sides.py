@@ -168,11 +168,11 @@ def run_cells(side: Side, cells: list, progress, cell_timeout: float = 120) -> l
             with open(err_path, "w") as err:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "ggml_py.compare._worker", "ops", str(cells_path),
-                     str(start)], env=child_env(side), stdout=subprocess.PIPE, stderr=err,
+                     str(start)], env=dict(child_env(side), GGML_PY_NO_CHECKED="1"), stdout=subprocess.PIPE, stderr=err,
                     text=True, start_new_session=True)
             q: queue.Queue = queue.Queue()
             threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
-            current, timed_out = None, False
+            current, timed_out, stage, rule = None, False, None, {}
             while True:
                 try:
                     line = q.get(timeout=cell_timeout)
@@ -182,8 +182,13 @@ def run_cells(side: Side, cells: list, progress, cell_timeout: float = 120) -> l
                     break
                 if line is None:
                     break
-                if line.startswith("> "):
+                if line.startswith("stage "):
+                    stage = line[6:].split(" ")[0]
+                elif line.startswith("rule "):
+                    rule = json.loads(line[5:])
+                elif line.startswith("> "):
                     current = int(line[2:])
+                    stage, rule = None, {}
                     d, op, ty = cells[current]
                     progress(f"ops {side.label}: {current + 1}/{len(cells)} {d} {op} {ty}")
                 elif line.startswith("= "):
@@ -194,9 +199,13 @@ def run_cells(side: Side, cells: list, progress, cell_timeout: float = 120) -> l
             restarts += 1
             if current is not None:
                 results[current] = {
-                    "status": "timeout" if timed_out else "crash",
-                    "error": (f"no result within {cell_timeout:.0f} s" if timed_out else
-                              f"the process died (exit {proc.returncode}): {_tail(err_path)}")}
+                    "status": "timeout" if timed_out else "crash", "stage": stage,
+                    "error": (f"no result within {cell_timeout:.0f} s (in {stage or 'setup'})"
+                              if timed_out else f"{_signal_name(proc.returncode)} in "
+                              f"{stage or 'setup'}: {_ggml_says(err_path)}")}
+                if not timed_out:
+                    results[current]["signal"] = _signal_name(proc.returncode)
+                results[current].update(rule)
             missing = next((i for i in range(start, len(cells)) if results[i] is None), None)
             if missing is None:
                 break
@@ -208,6 +217,14 @@ def run_cells(side: Side, cells: list, progress, cell_timeout: float = 120) -> l
                 break
             start = missing
     return [r if r is not None else {"status": "error", "error": "no result"} for r in results]
+
+
+def _ggml_says(path: Path) -> str:
+    """ggml's message in a dead worker's stderr (the GGML_ASSERT / error line), else its tail."""
+    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    said = [ln for ln in lines if "GGML_ASSERT" in ln or "GGML_ABORT" in ln or ": error" in ln
+            or "fatal" in ln.lower() or "abort" in ln.lower()]
+    return " | ".join((said or lines)[-2:])[-500:]
 
 
 def _kill(proc: subprocess.Popen) -> None:
