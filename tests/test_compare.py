@@ -317,3 +317,64 @@ def test_a_source_that_is_no_ggml_tree_is_one_line(tmp_path):
                        text=True, timeout=120)
     assert r.returncode == 2 and "is not a ggml tree" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# -- the op matrix measures the build, not ggml_py's rules -------------------------------------
+@pytest.fixture(scope="module")
+def self_matrix(tmp_path_factory):
+    """The loaded build against itself, on cells where ggml_py's rule and the build disagree
+    (sum f16: refused by the rule, computed right by ggml's CPU) and where the kernel aborts
+    (add i8), with f32 cells that every rule allows."""
+    out = tmp_path_factory.mktemp("self") / "self.json"
+    build = str(gg.BUILD_DIR)
+    r = compare(build, build, "--ops", "sum,add,rope_ext,conv_1d,top_k", "--types", "f32,f16,i8",
+                "--devices", "CPU", "--rounds", "0", "--format", "json", "-o", str(out),
+                timeout=900)
+    return json.loads(out.read_text()), r
+
+
+def test_cells_run_ggml_itself_and_the_rule_is_a_column(self_matrix):
+    rep, r = self_matrix
+    validate(rep)
+    rows = {(x["op"], x["type"]): x for x in rep["ops"]}
+    # f32: the replayed calls compute what numpy computes (the recording reproduces ggml_py's
+    # calls: rope's parameters, conv_1d's layout fix, top_k)
+    for op in ("sum", "add", "rope_ext", "conv_1d", "top_k"):
+        assert rows[(op, "f32")]["b"]["status"] == "ok", rows[(op, "f32")]
+        assert rows[(op, "f32")]["b"]["rule"] == "allowed"
+    # sum f16: ggml_py refuses, the build computes it right
+    s = rows[("sum", "f16")]["b"]
+    assert s["rule"] == "refused" and s["status"] == "ok" and s["nmse"] < s["threshold"]
+    # add i8: the build aborts in its kernel; the cell says where and what ggml said
+    a = rows[("add", "i8")]["b"]
+    assert a["status"] == "crash" and a["signal"] == "SIGABRT" and a["stage"] == "compute"
+    assert "ggml-cpu" in a["error"] and a["rule"] == "refused"
+    assert r.returncode == 0
+
+
+def test_a_cell_where_rule_and_build_disagree_is_listed(self_matrix):
+    rep, _ = self_matrix
+    dis = {(d["device"], d["op"], d["type"]): d for d in rep["rule_disagreements"]}
+    d = dis[("CPU", "sum", "f16")]
+    assert d["kind"] == "too strict" and d["status"] == "ok" and "InvalidType" in d["detail"]
+    # the same build on both sides: listed once
+    assert len(rep["rule_disagreements"]) == len(dis)
+    # aborting cells the rule refuses are agreement, not listed
+    assert ("CPU", "add", "i8") not in dis
+    md = render(rep, "md")
+    sec = md[md.index("### Where ggml_py's rule and the build disagree"):]
+    assert "| CPU | sum | f16 | refused (too strict) | computes, matches |" in sec
+
+
+def test_a_side_is_identified(self_matrix):
+    rep, _ = self_matrix
+    ident = rep["b"]["identity"]
+    assert ident["public_functions"] > 500
+    near = ident["nearest_release"]
+    assert near["release"] == gg.BUILD.get("release") and near["summary"] == "the same public functions"
+    if ident["tree"]:
+        assert len(ident["tree_hash"]) == 64
+    ext = rep["runtime"]["extensions"]
+    assert ext["symbol ggml_backend_meta_device"] == [True, True]
+    assert ext["CPU: ggml_backend_set_n_threads"] == [True, True]
+    assert "RPC: ggml_backend_comm_init" in ext

@@ -137,8 +137,10 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
     pa = probe(sa)
     progress(f"probing {sb.label}")
     pb = probe(sb)
+    from ._identity import identify
     for p, s in ((pa, sa), (pb, sb)):
         p["side"]["label"] = s.label
+        p["side"]["identity"] = identify(s.folder, list(p["api"]["functions"]))
 
     names_a = [d["name"] for d in pa["runtime"]["devices"]]
     names_b = [d["name"] for d in pb["runtime"]["devices"]]

@@ -111,6 +111,8 @@ def runtime(a: dict, b: dict) -> dict:
         "devices": {"added": [n for n in db if n not in da], "removed": [n for n in da if n not in db],
                     "changed": changed},
         "rpc_protocol": [rpc_a.get("server"), rpc_b.get("server")],
+        "extensions": {k: [(a.get("extensions") or {}).get(k), (b.get("extensions") or {}).get(k)]
+                       for k in sorted(set(a.get("extensions") or {}) | set(b.get("extensions") or {}))},
     }
 
 

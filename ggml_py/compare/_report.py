@@ -196,6 +196,13 @@ def markdown(rep: dict) -> str:
                  + ", ".join(f"{t['name']} ({t['alignment']})" for t in d.get("buffer_types", [])) + " |")
     for d in rt["devices"]["changed"]:
         L.append(f"\n- {d['name']}: " + "; ".join(f"{k} {v}" for k, v in d.items() if k != "name"))
+    ext = {k: v for k, v in (rt.get("extensions") or {}).items() if any(v)}
+    if ext:
+        yn = lambda x: "present" if x else "absent" if x is False else "-"   # noqa: E731
+        L += ["", "Optional entry points (the meta device, the backend communicators by proc "
+              "address; listed when either side has them):", "",
+              "| entry point | A | B |", "|---|---|---|"]
+        L += [f"| `{k}` | {yn(v[0])} | {yn(v[1])} |" for k, v in ext.items()]
     L += ["", "## Ops", "",
           f"{len(rep['ops'])} cells (op x type x device). Each cell is built with ggml's own "
           "calls, without ggml_py's rules (the calls ggml_py makes for f32 operands, recorded "

@@ -164,9 +164,11 @@ def _runtime(rep: dict, items: list[dict], same: dict) -> None:
     if ext:
         for name, (x, y) in ext.items():
             if x and not y:
-                items.append(_item("breaking", "extension", f"{name} gone (proc address)"))
+                items.append(_item("breaking", "extension", f"gone: {name}",
+                                   "looked up by dlsym / ggml_backend_reg_get_proc_address"))
             elif y and not x:
-                items.append(_item("changed", "extension", f"{name} added (proc address)"))
+                items.append(_item("changed", "extension", f"added: {name}",
+                                   "looked up by dlsym / ggml_backend_reg_get_proc_address"))
             else:
                 same["extensions"] = same.get("extensions", 0) + 1
     same["devices"] = len((rt.get("b") or {}).get("devices", [])) - len(rt["devices"]["added"]) \
