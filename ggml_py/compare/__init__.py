@@ -201,6 +201,20 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
     return report
 
 
+def load(path: Path) -> dict:
+    """A report saved with --format json, its verdict computed where an older schema lacks it."""
+    try:
+        rep = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise CompareError(f"{path}: not a compare report: {e}") from None
+    if not isinstance(rep, dict) or "api" not in rep or "ops" not in rep:
+        raise CompareError(f"{path}: not a compare report (no api/ops keys)")
+    if "verdict" not in rep:
+        rep["verdict"] = _verdict.verdict(rep)
+        rep["regressions"] = _verdict.regressions(rep["verdict"])
+    return rep
+
+
 def render(report: dict, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(report, indent=1, sort_keys=False) + "\n"
@@ -221,8 +235,11 @@ def parse_args(argv) -> argparse.Namespace:
                                 description=__doc__.split("\n\n")[0].strip("`: "),
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("a", help="pinned release, build folder, or ggml tree")
+    p.add_argument("a", nargs="?", help="pinned release, build folder, or ggml tree")
     p.add_argument("b", nargs="?", help="pinned release, build folder, or ggml tree")
+    p.add_argument("--from-json", type=Path, metavar="REPORT",
+                   help="render a report saved with --format json again (no run): with "
+                        "--format md/html/text")
     p.add_argument("--source", type=Path, metavar="PATH", help="a local ggml tree as side B")
     p.add_argument("--format", choices=("text", "json", "md", "html"), default="text")
     p.add_argument("-o", "--output", type=Path, help="write the report here (default stdout)")
@@ -263,6 +280,14 @@ def parse_args(argv) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and not split(value):
             p.error(f"--{name} is empty: give a comma list")
+    if args.from_json is not None:
+        if args.a is not None or args.source is not None:
+            p.error("--from-json renders a saved report: give no sides")
+        if not args.from_json.is_file():
+            p.error(f"--from-json {args.from_json}: no such file")
+        return args
+    if args.a is None:
+        p.error("give A and B (or A --source PATH), or --from-json REPORT")
     if args.b is None and args.source is None:
         p.error("give B, or --source PATH")
     if args.b is not None and args.source is not None:
@@ -273,6 +298,18 @@ def parse_args(argv) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()] if s else None  # noqa: E731
+    if args.from_json is not None:
+        try:
+            rep = load(args.from_json)
+        except CompareError as e:
+            print(f"compare: error: {e}", file=sys.stderr)
+            return 2
+        text = render(rep, args.format)
+        if args.output:
+            args.output.write_text(text)
+        else:
+            sys.stdout.write(text)
+        return 1 if rep["regressions"] else 0
     try:
         rep = compare(args.a, args.b, source=args.source, backends=args.backends,
                       devices=split(args.devices), ops=[] if args.api_only else split(args.ops),

@@ -233,11 +233,13 @@ def markdown(rep: dict) -> str:
     if rep["speed"]:
         L += [f"Median of {sm['rounds']} rounds per side, rounds alternating A and B. Noise "
               f"(relative spread of a row's rounds): median {sm['noise_median'] * 100:.1f}%, max "
-              f"{sm['noise_max'] * 100:.1f}%; a row is flagged beyond its noise (at least "
-              f"{sm['noise_floor'] * 100:.0f}%).", "",
-              "| device | op | A us | B us | B/A | noise | flag |", "|---|---|---|---|---|---|---|"]
+              f"{sm['noise_max'] * 100:.1f}%. " + sm.get("method", f"A row is flagged beyond its "
+              f"noise (at least {sm['noise_floor'] * 100:.0f}%).") + ".", "",
+              "| device | op | A us | B us | B/A | 95% interval | noise | flag |",
+              "|---|---|---|---|---|---|---|---|"]
         L += [f"| {r['device']} | {r['op']} | {r['a_us']:.1f} | {r['b_us']:.1f} | {r['ratio']:.2f} | "
-              f"{r['noise'] * 100:.0f}% | {r['flag'] or ''} |" for r in rep["speed"]]
+              + (f"{r['interval'][0]:.2f}-{r['interval'][1]:.2f}" if r.get("interval") else "-")
+              + f" | {r['noise'] * 100:.0f}% | {r['flag'] or ''} |" for r in rep["speed"]]
     else:
         L.append("Not measured.")
     if rep.get("backend_ops"):
@@ -291,25 +293,38 @@ def verdict_markdown(rep: dict) -> list[str]:
 
 
 def _svg_speed(rows: list[dict]) -> str:
-    """Horizontal bars of log2(B/A) per (device, op): left faster, right slower."""
+    """Horizontal bars of log2(B/A) per (device, op), left faster, right slower, with each
+    row's 95% interval as a whisker; every label inside the figure (its width is computed
+    from the longest label)."""
     if not rows:
         return "<p>Speed not measured.</p>"
-    h, w, mid, bar = 18, 760, 520, 220
-    lim = max(1.0, max(abs(math.log2(r["ratio"])) for r in rows))
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h * len(rows) + 30}" '
-             f'font-family="sans-serif" font-size="11">',
+    h, bar, ch = 18, 200, 6.5                       # row height, half bar width, px per char
+    names = [f"{r['device']} {r['op']}" for r in rows]
+    vals = [f"{r['ratio']:.2f}x [{r.get('interval', [r['ratio']] * 2)[0]:.2f}-"
+            f"{r.get('interval', [r['ratio']] * 2)[1]:.2f}] noise {r['noise'] * 100:.0f}%"
+            + (f" {r['flag']}" if r["flag"] else "") for r in rows]
+    left = int(max(len(n) for n in names) * ch) + 16
+    right = int(max(len(v) for v in vals) * ch) + 16
+    mid = left + bar
+    w = left + 2 * bar + right
+    lim = max(1.0, max(abs(math.log2(max(r["ratio"], 1e-9))) for r in rows))
+    px = lambda ratio: mid + max(-1.0, min(1.0, math.log2(max(ratio, 1e-9)) / lim)) * bar  # noqa: E731
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h * len(rows) + 34}" '
+             f'viewBox="0 0 {w} {h * len(rows) + 34}" font-family="sans-serif" font-size="11">',
              f'<line x1="{mid}" y1="0" x2="{mid}" y2="{h * len(rows)}" stroke="#333"/>']
-    for i, r in enumerate(rows):
-        v = math.log2(r["ratio"]) / lim * bar
+    for i, (r, name, val) in enumerate(zip(rows, names, vals)):
+        x1 = px(r["ratio"])
         col = "#e53935" if r["flag"] == "slower" else "#43a047" if r["flag"] == "faster" else "#90a4ae"
-        x = mid if v >= 0 else mid + v
-        parts.append(f'<text x="{mid - bar - 8}" y="{i * h + 13}" text-anchor="end">'
-                     f'{html.escape(r["device"] + " " + r["op"])}</text>')
-        parts.append(f'<rect x="{x:.1f}" y="{i * h + 3}" width="{abs(v):.1f}" height="{h - 6}" fill="{col}"/>')
-        parts.append(f'<text x="{mid + bar + 8}" y="{i * h + 13}">{r["ratio"]:.2f}x '
-                     f'(noise {r["noise"] * 100:.0f}%)</text>')
-    parts.append(f'<text x="{mid}" y="{h * len(rows) + 20}" text-anchor="middle">'
-                 f'B/A time, log scale: left faster, right slower</text></svg>')
+        parts.append(f'<text x="{left - 8}" y="{i * h + 13}" text-anchor="end">{html.escape(name)}</text>')
+        parts.append(f'<rect x="{min(mid, x1):.1f}" y="{i * h + 4}" width="{abs(x1 - mid):.1f}" '
+                     f'height="{h - 8}" fill="{col}"/>')
+        if r.get("interval"):
+            lo, hi = px(r["interval"][0]), px(r["interval"][1])
+            parts.append(f'<line x1="{lo:.1f}" y1="{i * h + 9}" x2="{hi:.1f}" y2="{i * h + 9}" '
+                         f'stroke="#000" stroke-width="1"/>')
+        parts.append(f'<text x="{mid + bar + 8}" y="{i * h + 13}">{html.escape(val)}</text>')
+    parts.append(f'<text x="{mid}" y="{h * len(rows) + 22}" text-anchor="middle">B/A time, log '
+                 f'scale (whisker: 95% interval): left faster, right slower</text></svg>')
     return "".join(parts)
 
 

@@ -153,6 +153,8 @@ def _run_cell(gg, dev, backend, case, type_name: str) -> dict:
         print(f"stage compute {op} {type_name}", flush=True)
         try:
             backend.compute(gg.Graph(out))
+        except gg.UnsupportedError as e:  # (a node the replay made that the device lacks)
+            return {"status": "unsupported", "error": f"{type(e).__name__}: {e}"}
         except gg.GGMLError as e:
             return {"status": "error", "error": f"{type(e).__name__}: {e}"}
         try:
