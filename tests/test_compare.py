@@ -378,3 +378,47 @@ def test_a_side_is_identified(self_matrix):
     assert ext["symbol ggml_backend_meta_device"] == [True, True]
     assert ext["CPU: ggml_backend_set_n_threads"] == [True, True]
     assert "RPC: ggml_backend_comm_init" in ext
+
+
+# -- the committed example reports: rendered from their JSON by this code, so they cannot go
+# stale (GGML_PY_UPDATE_DOCS=1 rewrites them); the slow test reruns the recorded command
+DOC_REPORTS = sorted((ROOT / "docs").glob("compare-*.json"))
+DOC_REPORTS = [p for p in DOC_REPORTS if p.name != "compare-schema.json"]
+
+
+def test_every_committed_example_report_has_its_json():
+    mds = sorted((ROOT / "docs").glob("compare-*.md"))
+    assert mds, "no example report"
+    for md in mds:
+        assert md.with_suffix(".json").exists(), f"{md.name} has no JSON to regenerate it from"
+
+
+@pytest.mark.parametrize("path", DOC_REPORTS, ids=lambda p: p.name)
+def test_committed_example_reports_are_rendered_from_their_json(path):
+    from ggml_py.compare import load
+    rep = load(path)
+    validate(rep)
+    text = render(rep, "md")
+    md = path.with_suffix(".md")
+    if os.environ.get("GGML_PY_UPDATE_DOCS"):
+        md.write_text(text)
+    assert md.read_text() == text, f"{md.name} is stale: GGML_PY_UPDATE_DOCS=1 rewrites it"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", DOC_REPORTS, ids=lambda p: p.name)
+def test_committed_example_reports_match_a_fresh_run(path, tmp_path):
+    """The recorded command run again: the same cells with the same outcomes, the same
+    breaking items (timings differ from run to run and are not compared)."""
+    old = json.loads(path.read_text())
+    cmd = old["command"][4:]
+    if "-o" in cmd:
+        cmd[cmd.index("-o") + 1] = str(tmp_path / "fresh.json")
+    compare(*cmd)
+    new = json.loads((tmp_path / "fresh.json").read_text())
+    cells = lambda r: {(x["device"], x["op"], x["type"]): (x["a"]["status"], x["b"]["status"],   # noqa: E731
+                                                           x["a"].get("rule"), x["b"].get("rule"))
+                       for x in r["ops"]}
+    assert cells(new) == cells(old)
+    kinds = lambda r: sorted(i["what"] for i in r["verdict"]["breaking"])   # noqa: E731
+    assert kinds(new) == kinds(old)

@@ -319,6 +319,8 @@ def main(argv=None) -> int:
     except CompareError as e:
         print(f"compare: error: {e}", file=sys.stderr)
         return 2
+    rep["command"] = ["python", "-m", "ggml_py", "compare",
+                      *(sys.argv[1:] if argv is None else list(argv))]
     text = render(rep, args.format)
     if args.output:
         try:
