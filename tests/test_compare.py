@@ -427,3 +427,28 @@ def test_committed_example_reports_match_a_fresh_run(path, tmp_path):
     assert cells(new) == cells(old)
     kinds = lambda r: sorted(i["what"] for i in r["verdict"]["breaking"])   # noqa: E731
     assert kinds(new) == kinds(old)
+
+
+def test_speed_flags_only_beyond_the_bootstrap_interval_and_labels_fit_the_plot():
+    import re
+    # a noisy pair whose medians differ by 1.3x: the interval straddles 1, no flag
+    noisy_a = [{"CPU/add": t} for t in (10.0, 14.0, 8.0, 12.0, 9.0)]
+    noisy_b = [{"CPU/add": t} for t in (13.0, 9.0, 16.0, 11.0, 15.0)]
+    rows, meta = _diff.speed(noisy_a, noisy_b, max_slowdown=1.1)
+    (row,) = rows
+    lo, hi = row["interval"]
+    assert lo < 1 < hi and row["flag"] is None and not row["regressed"]
+    assert "bootstrap" in meta["method"]
+    # a steady 3x: flagged, and beyond --max-slowdown 2 by the interval's lower end
+    rows, _ = _diff.speed([{"CPU/a_very_long_op_name_x": 10.0 + i * 0.1} for i in range(5)],
+                          [{"CPU/a_very_long_op_name_x": 30.0 + i * 0.1} for i in range(5)], 2.0)
+    assert rows[0]["flag"] == "slower" and rows[0]["regressed"] and rows[0]["interval"][0] > 2
+    svg = _report._svg_speed(rows + [row])
+    width = float(re.search(r'width="([\d.]+)"', svg).group(1))
+    for m in re.finditer(r'<text x="([\d.]+)"[^>]*?( text-anchor="(\w+)")?[^>]*>([^<]*)</text>', svg):
+        x, anchor, text = float(m.group(1)), m.group(3) or "start", html.unescape(m.group(4))
+        extent = 7.0 * len(text)          # (11 px sans-serif: at most ~7 px a character)
+        if anchor == "end":
+            assert x - extent >= 0, text
+        elif anchor == "start":
+            assert x + extent <= width + 0.5 * extent, text   # (estimate: room to spare)
