@@ -88,6 +88,11 @@ def _speed(sa: Side, sb: Side, devices: list[str], ops: list[str], rounds: int, 
     return ra, rb, {"a": wa.skipped, "b": wb.skipped}
 
 
+def _short(s: Side) -> str:
+    """A side's name in tables: what the user typed, or the build folder's name for a path."""
+    return s.folder.name if os.sep in s.label else s.label
+
+
 def _cross(sa: Side, sb: Side, pa: dict, pb: dict, progress) -> list[dict] | None:
     """RPC across the sides, tried: a client of each side against a server of the other,
     and each side against itself (the controls), each pair in its own processes."""
@@ -174,7 +179,8 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
         "api": _diff.api(pa["api"], pb["api"]),
         "runtime": runtime,
         "ops": _diff.ops(cells, res_a, res_b),
-        "rule_disagreements": _diff.rule_disagreements(cells, res_a, res_b, (sa.label, sb.label)),
+        "rule_disagreements": _diff.rule_disagreements(cells, res_a, res_b,
+                                                       (_short(sa), _short(sb))),
         "ops_meta": {"devices": devs, "ops": op_names, "types": type_names,
                      "cells": len(cells), "seed": "sha256 of 'op/type'",
                      "method": "each cell built with ggml's own calls, without ggml_py's rules "

@@ -287,7 +287,7 @@ def rpc_cross(client: Side, server: Side, timeout: float = 120) -> dict:
     _rpc_cross): {"client", "server", "talks", "stage" (where it ended), "hello" or
     "hello_error" (ggml_py's view), "outcome" ("talks", "aborted", "error", "timeout"),
     "signal", "message" (ggml's last words on stderr)}."""
-    short = lambda s: Path(s.label).name if os.sep in s.label else s.label   # noqa: E731
+    short = lambda s: s.folder.name if os.sep in s.label else s.label   # noqa: E731
     res: dict = {"client": short(client), "server": short(server), "talks": False}
     try:
         r = subprocess.run([sys.executable, "-m", "ggml_py.compare._rpc_cross", str(server.folder)],
