@@ -1,6 +1,7 @@
 """python -m ggml_py compare: two real releases side by side (0.20.2 vs the default on CPU + RPC),
 each side in its own processes, the JSON checked against docs/compare-schema.json; the crash
 isolation of the op matrix; the renderings."""
+import html
 import json
 import os
 import subprocess
@@ -58,8 +59,12 @@ def test_two_releases_json_matches_the_schema(old_new):
     assert rep["a"]["folder"] != rep["b"]["folder"]
     # the exit status says whether something regressed, and the summary says what first
     assert r.returncode == (1 if rep["regressions"] else 0)
-    head = r.stderr.splitlines()[:4]
-    assert head[0].startswith("A: ggml 0.20.2") and "regression(s)" in head[3]
+    head = r.stderr.splitlines()
+    assert head[0].startswith("A: ggml 0.20.2")
+    first = next(i for i, ln in enumerate(head) if "regression(s)" in ln)
+    assert head[first + 1].startswith("what breaks:")
+    # RPC 5 -> the default's: tried, and breaking
+    assert any(i["kind"] == "rpc" for i in rep["verdict"]["breaking"])
 
 
 @pytest.mark.slow
@@ -121,14 +126,15 @@ def test_two_releases_op_matrix(old_new):
     same = rows[("CPU", "mul_mat", "f32")]
     assert same["a"]["status"] == same["b"]["status"] == "ok"
     assert same["nmse_ab"] is not None and same["nmse_ab"] < 1e-10
-    # ops whose support differs: 0.20.2's CPU kernels abort on bf16 scale/silu/gelu, which
-    # ggml_py's per-release type rules refuse there (on the CPU and on RPC, whose server would
-    # die); the default computes them
+    # ops whose support differs: 0.20.2's CPU kernels do not compute bf16 scale/silu/gelu (the
+    # cells run ggml itself: it aborts or errs), which ggml_py's per-release type rules refuse
+    # there (a separate column); the default computes them
     improved = {(r["device"], r["op"], r["type"]) for r in rep["ops"] if r["verdict"] == "improved"}
     assert {("CPU", "scale", "bf16"), ("CPU", "silu", "bf16"), ("RPC0", "gelu", "bf16")} <= improved
-    refused = rows[("CPU", "scale", "bf16")]
-    assert refused["a"]["status"] == "refused" and "from 0.25.3 on" in refused["a"]["error"]
-    assert rows[("RPC0", "scale", "bf16")]["a"]["status"] == "refused"
+    old_cell = rows[("CPU", "scale", "bf16")]["a"]
+    assert old_cell["status"] in ("crash", "fail", "error", "unsupported")
+    assert old_cell["rule"] == "refused" and "from 0.25.3 on" in old_cell["rule_error"]
+    assert rows[("RPC0", "scale", "bf16")]["a"]["rule"] == "refused"
     # every cell has a verdict the schema knows and a threshold where something computed
     assert all(r["threshold"] for r in rep["ops"] if "ok" in (r["a"]["status"], r["b"]["status"]))
 
@@ -140,7 +146,7 @@ def test_two_releases_speed_and_renderings(old_new):
     for row in rep["speed"]:
         assert row["a_us"] > 0 and row["b_us"] > 0 and row["ratio"] > 0
     md = render(rep, "md")
-    for section in ("## Regressions", "## API", "### Structs", "### Enums", "## Runtime",
+    for section in ("## What breaks", "## API", "### Structs", "### Enums", "## Runtime",
                     "## Ops", "## Speed"):
         assert section in md
     page = render(rep, "html")
@@ -168,6 +174,39 @@ def test_a_cell_that_aborts_its_process_is_one_crashed_cell(tmp_path):
         assert rows[key]["nmse_ab"] == 0.0
     assert rep["regressions"] == [] and r.returncode == 0
     assert rep["api"]["functions"]["added"] == rep["api"]["functions"]["removed"] == []
+    # RPC tried across the sides (the same build: every pair talks), nothing breaking
+    cross = rep["runtime"]["rpc_cross"]
+    assert [c["roles"] for c in cross] == [["a", "a"], ["b", "b"], ["a", "b"], ["b", "a"]]
+    assert all(c["talks"] and c["outcome"] == "talks" for c in cross)
+    assert rep["verdict"]["breaking"] == [] and rep["verdict"]["same"]["by_kind"]["rpc"] == 1
+
+
+@pytest.mark.slow
+def test_the_rpc_protocol_break_is_breaking_and_exits_1(tmp_path):
+    """0.25.3 vs 0.26.0 (RPC 7 -> 8): a client of each side against a server of the other,
+    tried: both abort in ggml's handshake, while each side talks to itself; the report opens
+    with it as breaking, and the exit status is 1."""
+    out = tmp_path / "rpc.json"
+    r = compare("0.25.3", "0.26.0", "--backends", "cpu,rpc", "--ops", "add", "--types", "f32",
+                "--rounds", "0", "--format", "json", "-o", str(out))
+    rep = json.loads(out.read_text())
+    validate(rep)
+    assert r.returncode == 1
+    (rpc,) = [i for i in rep["verdict"]["breaking"] if i["kind"] == "rpc"]
+    assert rpc["what"].startswith("RPC protocol 7.0.0 -> 8.0.0")
+    assert "a 0.25.3 client cannot use a 0.26.0 server" in rpc["what"]
+    assert "a 0.26.0 client cannot use a 0.25.3 server" in rpc["what"]
+    cross = {tuple(c["roles"]): c for c in rep["runtime"]["rpc_cross"]}
+    assert cross[("a", "a")]["talks"] and cross[("b", "b")]["talks"]
+    for pair, theirs in ((("a", "b"), "8.0.0"), (("b", "a"), "7.0.0")):
+        c = cross[pair]
+        assert not c["talks"] and c["outcome"] == "aborted" and c["signal"] == "SIGABRT"
+        assert f"RPC server version mismatch: {theirs}" in c["message"]
+    assert rep["regressions"][0].startswith("RPC protocol 7.0.0 -> 8.0.0")
+    # every rendering opens with it
+    for fmt in ("md", "html", "text"):
+        text = html.unescape(render(rep, fmt))
+        assert text.index("RPC protocol 7.0.0 -> 8.0.0") < text.index("API")
 
 
 def test_a_side_that_does_not_exist_is_an_error_not_a_traceback():
@@ -239,8 +278,8 @@ def test_struct_and_enum_diffs():
 
 @pytest.mark.slow
 def test_newer_to_older_is_a_regression_and_exits_1(old_new, tmp_path):
-    """The same pair the other way round: bf16 scale computed on the default is refused on 0.20.2
-    (its CPU kernel would abort), a regression, so the exit status is 1 (what CI gates on)."""
+    """The same pair the other way round: bf16 scale computed on the default does not compute on
+    0.20.2 (its CPU kernel aborts), a regression, so the exit status is 1 (what CI gates on)."""
     out = tmp_path / "back.json"
     r = compare(NEW, "0.20.2", "--backends", "cpu,rpc", "--ops", "scale", "--types", "bf16",
                 "--devices", "CPU", "--rounds", "0", "--format", "json",
@@ -248,5 +287,168 @@ def test_newer_to_older_is_a_regression_and_exits_1(old_new, tmp_path):
     rep = json.loads(out.read_text())
     validate(rep)
     assert r.returncode == 1
-    assert rep["regressions"][0].startswith("op scale bf16 on CPU: ok -> refused")
+    assert any(x.startswith("op scale bf16 on CPU: ok -> ") for x in rep["regressions"])
     assert "function removed: ggml_swiglu_clamp" in rep["regressions"]
+
+
+# -- bad command lines: one line on stderr, exit 2, nothing built or run -----------------------
+@pytest.mark.parametrize("args, says", [
+    (["--backends", "cpu,nope"], "unknown backend(s): nope"),
+    (["--threads", "0"], "--threads must be at least 1"),
+    (["--threads", "x"], "invalid int value"),
+    (["--rounds", "-1"], "--rounds must be at least 0"),
+    (["--max-slowdown", "0"], "--max-slowdown must be a positive"),
+    (["-o", "/no/such/dir/r.json"], "does not exist"),
+    (["-o", "/"], "is a folder"),
+    (["--ops", "ad,mul"], "unknown op(s): ad; valid: add, sub"),
+    (["--types", "f32,f33"], "unknown type(s): f33; valid: f32, f16"),
+    (["--ops", ","], "--ops is empty"),
+    (["--devices", "CPUU", "--ops", "add", "--rounds", "0"], "unknown device(s): CPUU; valid: CPU"),
+    (["--backend-ops", "tset"], "--backend-ops must be"),
+])
+def test_bad_arguments_are_one_line_errors(args, says):
+    build = str(gg.BUILD_DIR)
+    r = subprocess.run([sys.executable, "-m", "ggml_py", "compare", build, build, *args, "-q"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and says in lines[0], r.stderr
+    assert r.stdout == ""
+
+
+def test_a_source_that_is_no_ggml_tree_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ggml_py", "compare", str(gg.BUILD_DIR),
+                        "--source", str(tmp_path), "-q"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "is not a ggml tree" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# -- the op matrix measures the build, not ggml_py's rules -------------------------------------
+@pytest.fixture(scope="module")
+def self_matrix(tmp_path_factory):
+    """The loaded build against itself, on cells where ggml_py's rule and the build disagree
+    (sum f16: refused by the rule, computed right by ggml's CPU) and where the kernel aborts
+    (add i8), with f32 cells that every rule allows."""
+    out = tmp_path_factory.mktemp("self") / "self.json"
+    build = str(gg.BUILD_DIR)
+    r = compare(build, build, "--ops", "sum,add,rope_ext,conv_1d,top_k", "--types", "f32,f16,i8",
+                "--devices", "CPU", "--rounds", "0", "--format", "json", "-o", str(out),
+                timeout=900)
+    return json.loads(out.read_text()), r
+
+
+def test_cells_run_ggml_itself_and_the_rule_is_a_column(self_matrix):
+    rep, r = self_matrix
+    validate(rep)
+    rows = {(x["op"], x["type"]): x for x in rep["ops"]}
+    # f32: the replayed calls compute what numpy computes (the recording reproduces ggml_py's
+    # calls: rope's parameters, conv_1d's layout fix, top_k)
+    for op in ("sum", "add", "rope_ext", "conv_1d", "top_k"):
+        assert rows[(op, "f32")]["b"]["status"] == "ok", rows[(op, "f32")]
+        assert rows[(op, "f32")]["b"]["rule"] == "allowed"
+    # sum f16: ggml_py refuses, the build computes it right
+    s = rows[("sum", "f16")]["b"]
+    assert s["rule"] == "refused" and s["status"] == "ok" and s["nmse"] < s["threshold"]
+    # add i8: the build aborts in its kernel; the cell says where and what ggml said
+    a = rows[("add", "i8")]["b"]
+    assert a["status"] == "crash" and a["signal"] == "SIGABRT" and a["stage"] == "compute"
+    assert "ggml-cpu" in a["error"] and a["rule"] == "refused"
+    assert r.returncode == 0
+
+
+def test_a_cell_where_rule_and_build_disagree_is_listed(self_matrix):
+    rep, _ = self_matrix
+    dis = {(d["device"], d["op"], d["type"]): d for d in rep["rule_disagreements"]}
+    d = dis[("CPU", "sum", "f16")]
+    assert d["kind"] == "too strict" and d["status"] == "ok" and "InvalidType" in d["detail"]
+    # the same build on both sides: listed once
+    assert len(rep["rule_disagreements"]) == len(dis)
+    # aborting cells the rule refuses are agreement, not listed
+    assert ("CPU", "add", "i8") not in dis
+    md = render(rep, "md")
+    sec = md[md.index("### Where ggml_py's rule and the build disagree"):]
+    assert "| CPU | sum | f16 | refused (too strict) | computes, matches |" in sec
+
+
+def test_a_side_is_identified(self_matrix):
+    rep, _ = self_matrix
+    ident = rep["b"]["identity"]
+    assert ident["public_functions"] > 500
+    near = ident["nearest_release"]
+    assert near["release"] == gg.BUILD.get("release") and near["summary"] == "the same public functions"
+    if ident["tree"]:
+        assert len(ident["tree_hash"]) == 64
+    ext = rep["runtime"]["extensions"]
+    assert ext["symbol ggml_backend_meta_device"] == [True, True]
+    assert ext["CPU: ggml_backend_set_n_threads"] == [True, True]
+    assert "RPC: ggml_backend_comm_init" in ext
+
+
+# -- the committed example reports: rendered from their JSON by this code, so they cannot go
+# stale (GGML_PY_UPDATE_DOCS=1 rewrites them); the slow test reruns the recorded command
+DOC_REPORTS = sorted((ROOT / "docs").glob("compare-*.json"))
+DOC_REPORTS = [p for p in DOC_REPORTS if p.name != "compare-schema.json"]
+
+
+def test_every_committed_example_report_has_its_json():
+    mds = sorted((ROOT / "docs").glob("compare-*.md"))
+    assert mds, "no example report"
+    for md in mds:
+        assert md.with_suffix(".json").exists(), f"{md.name} has no JSON to regenerate it from"
+
+
+@pytest.mark.parametrize("path", DOC_REPORTS, ids=lambda p: p.name)
+def test_committed_example_reports_are_rendered_from_their_json(path):
+    from ggml_py.compare import load
+    rep = load(path)
+    validate(rep)
+    text = render(rep, "md")
+    md = path.with_suffix(".md")
+    if os.environ.get("GGML_PY_UPDATE_DOCS"):
+        md.write_text(text)
+    assert md.read_text() == text, f"{md.name} is stale: GGML_PY_UPDATE_DOCS=1 rewrites it"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", DOC_REPORTS, ids=lambda p: p.name)
+def test_committed_example_reports_match_a_fresh_run(path, tmp_path):
+    """The recorded command run again: the same cells with the same outcomes, the same
+    breaking items (timings differ from run to run and are not compared)."""
+    old = json.loads(path.read_text())
+    cmd = old["command"][4:]
+    if "-o" in cmd:
+        cmd[cmd.index("-o") + 1] = str(tmp_path / "fresh.json")
+    compare(*cmd)
+    new = json.loads((tmp_path / "fresh.json").read_text())
+    cells = lambda r: {(x["device"], x["op"], x["type"]): (x["a"]["status"], x["b"]["status"],   # noqa: E731
+                                                           x["a"].get("rule"), x["b"].get("rule"))
+                       for x in r["ops"]}
+    assert cells(new) == cells(old)
+    kinds = lambda r: sorted(i["what"] for i in r["verdict"]["breaking"])   # noqa: E731
+    assert kinds(new) == kinds(old)
+
+
+def test_speed_flags_only_beyond_the_bootstrap_interval_and_labels_fit_the_plot():
+    import re
+    # a noisy pair whose medians differ by 1.3x: the interval straddles 1, no flag
+    noisy_a = [{"CPU/add": t} for t in (10.0, 14.0, 8.0, 12.0, 9.0)]
+    noisy_b = [{"CPU/add": t} for t in (13.0, 9.0, 16.0, 11.0, 15.0)]
+    rows, meta = _diff.speed(noisy_a, noisy_b, max_slowdown=1.1)
+    (row,) = rows
+    lo, hi = row["interval"]
+    assert lo < 1 < hi and row["flag"] is None and not row["regressed"]
+    assert "bootstrap" in meta["method"]
+    # a steady 3x: flagged, and beyond --max-slowdown 2 by the interval's lower end
+    rows, _ = _diff.speed([{"CPU/a_very_long_op_name_x": 10.0 + i * 0.1} for i in range(5)],
+                          [{"CPU/a_very_long_op_name_x": 30.0 + i * 0.1} for i in range(5)], 2.0)
+    assert rows[0]["flag"] == "slower" and rows[0]["regressed"] and rows[0]["interval"][0] > 2
+    svg = _report._svg_speed(rows + [row])
+    width = float(re.search(r'width="([\d.]+)"', svg).group(1))
+    for m in re.finditer(r'<text x="([\d.]+)"[^>]*?( text-anchor="(\w+)")?[^>]*>([^<]*)</text>', svg):
+        x, anchor, text = float(m.group(1)), m.group(3) or "start", html.unescape(m.group(4))
+        extent = 7.0 * len(text)          # (11 px sans-serif: at most ~7 px a character)
+        if anchor == "end":
+            assert x - extent >= 0, text
+        elif anchor == "start":
+            assert x + extent <= width + 0.5 * extent, text   # (estimate: room to spare)

@@ -26,9 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import _diff, _report
+from . import _diff, _report, _verdict
 from ._cases import CASES, TYPES
-from ._sides import CompareError, Side, SpeedWorker, build, probe, resolve, run_cells
+from ._sides import (CompareError, Side, SpeedWorker, build, probe, resolve, rpc_cross,
+                     run_cells)
 
 SCHEMA_VERSION = 1
 __all__ = ["compare", "main", "CompareError"]
@@ -87,11 +88,40 @@ def _speed(sa: Side, sb: Side, devices: list[str], ops: list[str], rounds: int, 
     return ra, rb, {"a": wa.skipped, "b": wb.skipped}
 
 
+def _short(s: Side) -> str:
+    """A side's name in tables: what the user typed, or the build folder's name for a path."""
+    return s.folder.name if os.sep in s.label else s.label
+
+
+def _cross(sa: Side, sb: Side, pa: dict, pb: dict, progress) -> list[dict] | None:
+    """RPC across the sides, tried: a client of each side against a server of the other,
+    and each side against itself (the controls), each pair in its own processes."""
+    if not (pa["runtime"].get("rpc") and pb["runtime"].get("rpc")):
+        return None
+    out = []
+    for (rc, c), (rs, s) in ((("a", sa), ("a", sa)), (("b", sb), ("b", sb)),
+                             (("a", sa), ("b", sb)), (("b", sb), ("a", sa))):
+        progress(f"RPC: a {c.label} client against a {s.label} server")
+        out.append({"roles": [rc, rs], **rpc_cross(c, s)})
+    return out
+
+
+def check_names(what: str, given: list[str] | None, valid: list[str]) -> None:
+    """CompareError naming the unknown values and the valid ones (a typo in a filter would
+    otherwise compare nothing and pass)."""
+    if given is None:
+        return
+    unknown = [g for g in given if g not in valid]
+    if unknown:
+        raise CompareError(f"unknown {what}(s): {', '.join(unknown)}; valid: {', '.join(valid)}")
+
+
 def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = None,
             backends: str | None = None, devices: list[str] | None = None,
             ops: list[str] | None = None, types: list[str] | None = None, speed: bool = True,
             rounds: int = 5, threads: int = 1, max_slowdown: float | None = None, backend_ops: str | None = None,
-            backend_ops_filter: str | None = None, progress=None) -> dict:
+            backend_ops_filter: str | None = None, rpc_cross_check: bool = True,
+            progress=None) -> dict:
     """Compare two builds; return the report (the JSON document, see docs/compare-schema.json).
 
     `devices`/`ops`/`types` narrow the op matrix (default: every device both sides have or
@@ -99,6 +129,8 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
     ("test", "support"; default: "test" with a non-CPU device, else "support") when both
     builds carry it."""
     progress = progress or Progress(quiet=True)
+    check_names("op", ops, [c.op for c in CASES])
+    check_names("type", types, list(TYPES))
     if b is None and source is None:
         raise CompareError("give two sides: A B, or A --source PATH")
     sa = resolve(a, backends=backends)
@@ -110,12 +142,15 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
     pa = probe(sa)
     progress(f"probing {sb.label}")
     pb = probe(sb)
+    from ._identity import identify
     for p, s in ((pa, sa), (pb, sb)):
         p["side"]["label"] = s.label
+        p["side"]["identity"] = identify(s.folder, list(p["api"]["functions"]))
 
     names_a = [d["name"] for d in pa["runtime"]["devices"]]
     names_b = [d["name"] for d in pb["runtime"]["devices"]]
     all_devs = names_a + [n for n in names_b if n not in names_a]
+    check_names("device", devices, all_devs)
     devs = [d for d in all_devs if devices is None or d in devices]
     op_names = [c.op for c in CASES if ops is None or c.op in ops]
     type_names = [t for t in TYPES if types is None or t in types]
@@ -135,15 +170,24 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
     speed_meta["skipped"] = speed_skipped
     speed_meta["cpu_threads"] = threads
 
+    runtime = _diff.runtime(pa["runtime"], pb["runtime"])
+    runtime["rpc_cross"] = _cross(sa, sb, pa, pb, progress) if rpc_cross_check else None
     report = {
         "schema": SCHEMA_VERSION,
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "a": pa["side"], "b": pb["side"],
         "api": _diff.api(pa["api"], pb["api"]),
-        "runtime": _diff.runtime(pa["runtime"], pb["runtime"]),
+        "runtime": runtime,
         "ops": _diff.ops(cells, res_a, res_b),
+        "rule_disagreements": _diff.rule_disagreements(cells, res_a, res_b,
+                                                       (_short(sa), _short(sb))),
         "ops_meta": {"devices": devs, "ops": op_names, "types": type_names,
-                     "cells": len(cells), "seed": "sha256 of 'op/type'"},
+                     "cells": len(cells), "seed": "sha256 of 'op/type'",
+                     "method": "each cell built with ggml's own calls, without ggml_py's rules "
+                               "(the calls ggml_py makes for f32 operands, recorded and replayed "
+                               "on the cell's types), run in a crash-isolated worker; ok: NMSE "
+                               "against numpy within test-backend-ops' threshold; ggml_py's rule "
+                               "for the cell asked separately (rule: allowed/refused)"},
         "speed": speed_rows, "speed_meta": speed_meta,
         "backend_ops": None,
     }
@@ -157,9 +201,24 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
             progress(f"test-backend-ops {mode} on {s.label}")
             acc += _backend_ops.run(s, mode, backend_ops_filter, timeout=3600)
         report["backend_ops"] = {"mode": mode, **_backend_ops.join(ba, bb)}
-    report["regressions"] = _diff.regressions(report)
+    report["verdict"] = _verdict.verdict(report)
+    report["regressions"] = _verdict.regressions(report["verdict"])
     progress.done()
     return report
+
+
+def load(path: Path) -> dict:
+    """A report saved with --format json, its verdict computed where an older schema lacks it."""
+    try:
+        rep = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise CompareError(f"{path}: not a compare report: {e}") from None
+    if not isinstance(rep, dict) or "api" not in rep or "ops" not in rep:
+        raise CompareError(f"{path}: not a compare report (no api/ops keys)")
+    if "verdict" not in rep:
+        rep["verdict"] = _verdict.verdict(rep)
+        rep["regressions"] = _verdict.regressions(rep["verdict"])
+    return rep
 
 
 def render(report: dict, fmt: str) -> str:
@@ -172,13 +231,21 @@ def render(report: dict, fmt: str) -> str:
     return "\n".join(_report.summary_lines(report)) + "\n"
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):          # one line, not the usage block (see --help)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def parse_args(argv) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m ggml_py compare",
+    p = _Parser(prog="python -m ggml_py compare",
                                 description=__doc__.split("\n\n")[0].strip("`: "),
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("a", help="pinned release, build folder, or ggml tree")
+    p.add_argument("a", nargs="?", help="pinned release, build folder, or ggml tree")
     p.add_argument("b", nargs="?", help="pinned release, build folder, or ggml tree")
+    p.add_argument("--from-json", type=Path, metavar="REPORT",
+                   help="render a report saved with --format json again (no run): with "
+                        "--format md/html/text")
     p.add_argument("--source", type=Path, metavar="PATH", help="a local ggml tree as side B")
     p.add_argument("--format", choices=("text", "json", "md", "html"), default="text")
     p.add_argument("-o", "--output", type=Path, help="write the report here (default stdout)")
@@ -199,6 +266,34 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--backend-ops-filter", metavar="OPS", help="test-backend-ops -o filter")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     args = p.parse_args(argv)
+    for name, value, low in (("--threads", args.threads, 1), ("--rounds", args.rounds, 0)):
+        if value < low:
+            p.error(f"{name} must be at least {low}, got {value}")
+    if args.max_slowdown is not None and not args.max_slowdown > 0:
+        p.error(f"--max-slowdown must be a positive factor, got {args.max_slowdown}")
+    if args.backend_ops is not None and args.backend_ops not in ("test", "support", "perf"):
+        p.error(f"--backend-ops must be test, support or perf, got {args.backend_ops!r}")
+    if args.output is not None:
+        parent = args.output.expanduser().resolve().parent
+        if args.output.is_dir():
+            p.error(f"-o {args.output}: is a folder; give a file name")
+        if not parent.is_dir():
+            p.error(f"-o {args.output}: the folder {parent} does not exist")
+        if not os.access(parent, os.W_OK):
+            p.error(f"-o {args.output}: the folder {parent} is not writable")
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]   # noqa: E731
+    for name in ("devices", "ops", "types"):
+        value = getattr(args, name)
+        if value is not None and not split(value):
+            p.error(f"--{name} is empty: give a comma list")
+    if args.from_json is not None:
+        if args.a is not None or args.source is not None:
+            p.error("--from-json renders a saved report: give no sides")
+        if not args.from_json.is_file():
+            p.error(f"--from-json {args.from_json}: no such file")
+        return args
+    if args.a is None:
+        p.error("give A and B (or A --source PATH), or --from-json REPORT")
     if args.b is None and args.source is None:
         p.error("give B, or --source PATH")
     if args.b is not None and args.source is not None:
@@ -209,6 +304,18 @@ def parse_args(argv) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()] if s else None  # noqa: E731
+    if args.from_json is not None:
+        try:
+            rep = load(args.from_json)
+        except CompareError as e:
+            print(f"compare: error: {e}", file=sys.stderr)
+            return 2
+        text = render(rep, args.format)
+        if args.output:
+            args.output.write_text(text)
+        else:
+            sys.stdout.write(text)
+        return 1 if rep["regressions"] else 0
     try:
         rep = compare(args.a, args.b, source=args.source, backends=args.backends,
                       devices=split(args.devices), ops=[] if args.api_only else split(args.ops),
@@ -218,9 +325,15 @@ def main(argv=None) -> int:
     except CompareError as e:
         print(f"compare: error: {e}", file=sys.stderr)
         return 2
+    rep["command"] = ["python", "-m", "ggml_py", "compare",
+                      *(sys.argv[1:] if argv is None else list(argv))]
     text = render(rep, args.format)
     if args.output:
-        args.output.write_text(text)
+        try:
+            args.output.write_text(text)
+        except OSError as e:
+            print(f"compare: error: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(text)
     if args.format != "text":

@@ -111,6 +111,8 @@ def runtime(a: dict, b: dict) -> dict:
         "devices": {"added": [n for n in db if n not in da], "removed": [n for n in da if n not in db],
                     "changed": changed},
         "rpc_protocol": [rpc_a.get("server"), rpc_b.get("server")],
+        "extensions": {k: [(a.get("extensions") or {}).get(k), (b.get("extensions") or {}).get(k)]
+                       for k in sorted(set(a.get("extensions") or {}) | set(b.get("extensions") or {}))},
     }
 
 
@@ -148,11 +150,53 @@ def ops(cells: list, ra: list[dict], rb: list[dict]) -> list[dict]:
     return rows
 
 
+WRONG = ("crash", "fail", "timeout", "error")
+
+
+def rule_disagreements(cells: list, ra: list[dict], rb: list[dict], labels: tuple[str, str]) -> list[dict]:
+    """Cells where ggml_py's rule and what the build does disagree, per side: the rule refuses
+    what computes right ("too strict"), or allows what aborts, computes wrong, errs or hangs
+    ("too loose")."""
+    out, seen = [], set()
+    for side, label, res in (("a", labels[0], ra), ("b", labels[1], rb)):
+        label = label.rstrip("/").rsplit("/", 1)[-1]
+        for (dev, op, ty), r in zip(cells, res):
+            if (label, dev, op, ty) in seen:       # (the same build on both sides)
+                continue
+            seen.add((label, dev, op, ty))
+            rule = r.get("rule")
+            if rule == "refused" and r["status"] == OK:
+                kind = "too strict"
+            elif rule == "allowed" and r["status"] in WRONG:
+                kind = "too loose"
+            else:
+                continue
+            out.append({"side": side, "build": label, "device": dev, "op": op, "type": ty,
+                        "kind": kind, "rule": rule, "status": r["status"],
+                        "detail": r.get("rule_error") if kind == "too strict" else
+                        (r.get("error") or (f"NMSE {r['nmse']:.2e} > {r['threshold']:.0e}"
+                                            if r.get("nmse") is not None else ""))})
+    return out
+
+
+def _interval(ta: list[float], tb: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of median(B) / median(A): each side's rounds resampled with
+    replacement (seeded: the same report from the same rounds)."""
+    rng = np.random.default_rng(seed)
+    a = np.asarray(ta, dtype=np.float64)
+    b = np.asarray(tb, dtype=np.float64)
+    ma = np.median(a[rng.integers(0, len(a), (n, len(a)))], axis=1)
+    mb = np.median(b[rng.integers(0, len(b), (n, len(b)))], axis=1)
+    lo, hi = np.percentile(mb / ma, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def speed(rounds_a: list[dict], rounds_b: list[dict], max_slowdown: float | None,
           floor: float = 0.05) -> tuple[list[dict], dict]:
-    """Per (device, op): median time of each side over the rounds, B/A, and a flag where the
-    ratio lies beyond the noise. Noise of a row: the larger side's relative spread of its
-    rounds ((max - min) / median), at least `floor`."""
+    """Per (device, op): median time of each side over the rounds, B/A, its 95% bootstrap
+    interval, and a flag only where the whole interval lies beyond 1 +- `floor` (a
+    difference larger than what resampling the same rounds shows, and than 5%). Noise of a
+    row: the larger side's relative spread of its rounds ((max - min) / median)."""
     rows, noises = [], []
     keys = [k for k in rounds_a[0] if k in rounds_b[0]] if rounds_a and rounds_b else []
     for key in keys:
@@ -161,17 +205,22 @@ def speed(rounds_a: list[dict], rounds_b: list[dict], max_slowdown: float | None
         ma, mb = statistics.median(ta), statistics.median(tb)
         spread = max((max(ta) - min(ta)) / ma, (max(tb) - min(tb)) / mb)
         noises.append(spread)
-        noise = max(spread, floor)
         ratio = mb / ma
-        flag = "slower" if ratio > 1 + noise else "faster" if ratio < 1 / (1 + noise) else None
+        lo, hi = _interval(ta, tb) if len(ta) > 1 and len(tb) > 1 else (ratio, ratio)
+        flag = "slower" if lo > 1 + floor else "faster" if hi < 1 / (1 + floor) else None
         dev, op = key.split("/", 1)
         rows.append({"device": dev, "op": op, "a_us": ma, "b_us": mb, "ratio": ratio,
-                     "noise": spread, "flag": flag, "a_rounds_us": ta, "b_rounds_us": tb,
+                     "interval": [lo, hi], "noise": spread, "flag": flag,
+                     "a_rounds_us": ta, "b_rounds_us": tb,
                      "regressed": bool(flag == "slower" and max_slowdown is not None
-                                       and ratio > max_slowdown)})
+                                       and lo > max_slowdown)})
     meta = {"rounds": len(rounds_a), "noise_median": statistics.median(noises) if noises else None,
             "noise_max": max(noises) if noises else None, "noise_floor": floor,
-            "max_slowdown": max_slowdown}
+            "max_slowdown": max_slowdown,
+            "method": "95% bootstrap interval of median(B)/median(A) over the rounds (2000 "
+                      "resamples, seeded); flagged when the interval lies wholly beyond 1 +- "
+                      "noise_floor; --max-slowdown regresses when the interval's lower end "
+                      "exceeds it"}
     return rows, meta
 
 

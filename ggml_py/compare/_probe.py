@@ -91,6 +91,41 @@ def _caps(ffi, lib, dev_ptr) -> dict:
             for name, _ in ffi.typeof("struct ggml_backend_dev_caps").fields}
 
 
+#: what a registry may offer through ggml_backend_reg_get_proc_address (the backend
+#: communicators of tensor parallelism and the other "common functions" of ggml-backend.h)
+PROCS = ("ggml_backend_comm_init", "ggml_backend_comm_free", "ggml_backend_comm_allreduce_tensor",
+         "ggml_backend_split_buffer_type", "ggml_backend_set_n_threads",
+         "ggml_backend_dev_get_extra_bufts", "ggml_backend_get_features",
+         "ggml_backend_set_abort_callback")
+#: library symbols looked up in the build's shared libraries (not all are in the bindings)
+SYMBOLS = ("ggml_backend_meta_device", "ggml_backend_meta_split_axis_name",
+           "ggml_backend_sched_set_copy_callback", "ggml_backend_buft_alloc_buffer_n")
+
+
+def extensions(gg, folder) -> dict:
+    """{"symbol NAME": present, "REGISTRY: NAME": present}: the meta device and the backend
+    communicators (by proc address) and other optional entry points, per side."""
+    import ctypes
+    from ggml_py._loader import ffi, lib
+    out: dict = {}
+    libs = []
+    for p in sorted(folder.glob("libggml*")):
+        try:
+            libs.append(ctypes.CDLL(str(p)))
+        except OSError:
+            pass
+    for name in SYMBOLS:
+        out[f"symbol {name}"] = any(hasattr(lb, name) for lb in libs)
+    for r in gg.registries():
+        raw = r.ptr if hasattr(r, "ptr") else None
+        if raw is None:
+            continue
+        for name in PROCS:
+            addr = lib.ggml_backend_reg_get_proc_address(raw, name.encode())
+            out[f"{r.name}: {name}"] = addr != ffi.NULL
+    return out
+
+
 def runtime(gg) -> dict:
     from ggml_py._loader import ffi, lib
     out: dict = {"rpc": None, "rpc_error": None}
@@ -127,6 +162,11 @@ def runtime(gg) -> dict:
             if e["name"] in r["devices"]:
                 e["registry"] = r["name"]
     out["devices"] = devs
+    from ggml_py._loader import BUILD_DIR
+    try:
+        out["extensions"] = extensions(gg, BUILD_DIR)
+    except Exception as e:              # (an old build without one of these calls)
+        out["extensions_error"] = f"{type(e).__name__}: {e}"
     return _without(out, endpoints)
 
 
@@ -140,7 +180,7 @@ def _without(obj, endpoints: list[str]):
     if isinstance(obj, list):
         return [_without(x, endpoints) for x in obj]
     if isinstance(obj, dict):
-        return {k: _without(v, endpoints) for k, v in obj.items()}
+        return {_without(k, endpoints): _without(v, endpoints) for k, v in obj.items()}
     return obj
 
 

@@ -33,19 +33,50 @@ class Side:
         return (self.folder / "build.json").exists()
 
 
+def _build_command() -> list[str] | None:
+    """How to run build_ggml: the checkout's script, or the build tooling an installed
+    package ships (``python -m ggml_build``); None when neither is there."""
+    if (CHECKOUT / "build_ggml.py").exists():
+        return [sys.executable, str(CHECKOUT / "build_ggml.py")]
+    try:
+        import importlib.util
+        if importlib.util.find_spec("ggml_build.__main__") is not None:
+            return [sys.executable, "-m", "ggml_build"]
+    except ImportError:
+        pass
+    return None
+
+
 def _build_tools():
-    if not (CHECKOUT / "build_ggml.py").exists():
-        return None
-    if str(CHECKOUT) not in sys.path:
+    if (CHECKOUT / "build_ggml.py").exists() and str(CHECKOUT) not in sys.path:
         sys.path.insert(0, str(CHECKOUT))
-    from ggml_build import flags, pins
+    try:
+        from ggml_build import flags, pins
+    except ImportError:
+        return None
     return flags, pins
 
 
 def resolve(spec: str, *, source: Path | None = None, backends: str | None = None) -> Side:
+    """`_resolve`, with the build tooling's errors (an unknown backend, a folder that is no
+    ggml tree) as CompareError: one line for the user, never a traceback."""
+    try:
+        return _resolve(spec, source=source, backends=backends)
+    except CompareError:
+        raise
+    except Exception as e:
+        from_tools = type(e).__module__.startswith("ggml_build")
+        if not from_tools and not isinstance(e, (OSError, ValueError)):
+            raise
+        raise CompareError(f"{spec}: {e}") from None
+
+
+def _resolve(spec: str, *, source: Path | None = None, backends: str | None = None) -> Side:
     """A side from a pinned release ("0.26.0"), a build folder (path or name under
     ggml_py/lib), or a ggml source tree (`source`, or a path holding include/ggml.h)."""
     tools = _build_tools()
+    if backends is not None and tools is not None:     # checked even where nothing is built
+        tools[0].parse_backends(backends, tools[0].Platform.detect())
     path = Path(spec).expanduser() if spec else None
     if source is None and path is not None and (path / "build.json").exists():
         return Side(spec, path.resolve())
@@ -78,11 +109,14 @@ def build(side: Side, progress) -> None:
         return
     if side.build_args is None:
         raise CompareError(f"{side.folder} holds no finished build")
-    cmd = [sys.executable, str(CHECKOUT / "build_ggml.py"), *side.build_args,
-           "--jobs", str(min(os.cpu_count() or 2, 8))]
+    base = _build_command()
+    if base is None:
+        raise CompareError(f"cannot build {side.label}: this installation has neither "
+                           "build_ggml.py nor the ggml_build package")
+    cmd = [*base, *side.build_args, "--jobs", str(min(os.cpu_count() or 2, 8))]
     t0 = time.monotonic()
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, cwd=CHECKOUT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=CHECKOUT if base[1] != "-m" else None, stdout=log, stderr=subprocess.STDOUT)
         while proc.poll() is None:
             progress(f"building {side.label} ({time.monotonic() - t0:.0f} s): "
                      f"{' '.join(side.build_args)}")
@@ -134,11 +168,11 @@ def run_cells(side: Side, cells: list, progress, cell_timeout: float = 120) -> l
             with open(err_path, "w") as err:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "ggml_py.compare._worker", "ops", str(cells_path),
-                     str(start)], env=child_env(side), stdout=subprocess.PIPE, stderr=err,
+                     str(start)], env=dict(child_env(side), GGML_PY_NO_CHECKED="1"), stdout=subprocess.PIPE, stderr=err,
                     text=True, start_new_session=True)
             q: queue.Queue = queue.Queue()
             threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
-            current, timed_out = None, False
+            current, timed_out, stage, rule = None, False, None, {}
             while True:
                 try:
                     line = q.get(timeout=cell_timeout)
@@ -148,8 +182,13 @@ def run_cells(side: Side, cells: list, progress, cell_timeout: float = 120) -> l
                     break
                 if line is None:
                     break
-                if line.startswith("> "):
+                if line.startswith("stage "):
+                    stage = line[6:].split(" ")[0]
+                elif line.startswith("rule "):
+                    rule = json.loads(line[5:])
+                elif line.startswith("> "):
                     current = int(line[2:])
+                    stage, rule = None, {}
                     d, op, ty = cells[current]
                     progress(f"ops {side.label}: {current + 1}/{len(cells)} {d} {op} {ty}")
                 elif line.startswith("= "):
@@ -160,9 +199,13 @@ def run_cells(side: Side, cells: list, progress, cell_timeout: float = 120) -> l
             restarts += 1
             if current is not None:
                 results[current] = {
-                    "status": "timeout" if timed_out else "crash",
-                    "error": (f"no result within {cell_timeout:.0f} s" if timed_out else
-                              f"the process died (exit {proc.returncode}): {_tail(err_path)}")}
+                    "status": "timeout" if timed_out else "crash", "stage": stage,
+                    "error": (f"no result within {cell_timeout:.0f} s (in {stage or 'setup'})"
+                              if timed_out else f"{_signal_name(proc.returncode)} in "
+                              f"{stage or 'setup'}: {_ggml_says(err_path)}")}
+                if not timed_out:
+                    results[current]["signal"] = _signal_name(proc.returncode)
+                results[current].update(rule)
             missing = next((i for i in range(start, len(cells)) if results[i] is None), None)
             if missing is None:
                 break
@@ -174,6 +217,14 @@ def run_cells(side: Side, cells: list, progress, cell_timeout: float = 120) -> l
                 break
             start = missing
     return [r if r is not None else {"status": "error", "error": "no result"} for r in results]
+
+
+def _ggml_says(path: Path) -> str:
+    """ggml's message in a dead worker's stderr (the GGML_ASSERT / error line), else its tail."""
+    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    said = [ln for ln in lines if "GGML_ASSERT" in ln or "GGML_ABORT" in ln or ": error" in ln
+            or "fatal" in ln.lower() or "abort" in ln.lower()]
+    return " | ".join((said or lines)[-2:])[-500:]
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -219,3 +270,52 @@ class SpeedWorker:
             self.proc.wait(timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             _kill(self.proc)
+
+
+def _signal_name(code: int) -> str:
+    import signal
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def rpc_cross(client: Side, server: Side, timeout: float = 120) -> dict:
+    """A client of `client` against an RPC server of `server`, each its own build (see
+    _rpc_cross): {"client", "server", "talks", "stage" (where it ended), "hello" or
+    "hello_error" (ggml_py's view), "outcome" ("talks", "aborted", "error", "timeout"),
+    "signal", "message" (ggml's last words on stderr)}."""
+    short = lambda s: s.folder.name if os.sep in s.label else s.label   # noqa: E731
+    res: dict = {"client": short(client), "server": short(server), "talks": False}
+    try:
+        r = subprocess.run([sys.executable, "-m", "ggml_py.compare._rpc_cross", str(server.folder)],
+                           env=child_env(client), capture_output=True, text=True,
+                           timeout=timeout, start_new_session=True)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        stages = [ln[6:] for ln in out.splitlines() if ln.startswith("stage ")]
+        res.update(outcome="timeout", stage=stages[-1] if stages else None,
+                   message=f"no answer within {timeout:.0f} s")
+        return res
+    lines = r.stdout.splitlines()
+    stages = [ln[6:] for ln in lines if ln.startswith("stage ")]
+    res["stage"] = stages[-1] if stages else None
+    doc = next((json.loads(ln) for ln in reversed(lines) if ln.startswith("{")), None)
+    if doc is not None:
+        res.update(doc)
+        res["outcome"] = "talks" if doc.get("talks") else "error"
+        if doc.get("error"):
+            res["message"] = doc["error"]
+        return res
+    err = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()]
+    said = [ln for ln in err if "GGML_ASSERT" in ln or "error" in ln.lower()
+            or "mismatch" in ln.lower() or "failed" in ln.lower()]
+    res.update(outcome="aborted" if r.returncode < 0 else "error",
+               signal=_signal_name(r.returncode),
+               message=" | ".join((said or err)[-3:])[-600:])
+    for ln in lines:
+        if ln.startswith("hello {"):
+            res.update(json.loads(ln[6:]))
+    return res

@@ -54,16 +54,95 @@ def _fill(t, arr: np.ndarray) -> None:
         t.set(arr.astype(dt))
 
 
+def _addr(gg, x) -> int | None:
+    try:
+        if gg.ffi.typeof(x).kind == "pointer":
+            return int(gg.ffi.cast("uintptr_t", x))
+    except TypeError:
+        pass
+    return None
+
+
+def _recorded(gg, case, ph_ctx, placeholders):
+    """The raw calls ggml_py makes to build `case` on `placeholders` (its inputs as f32, a type
+    every rule takes): [(kind, fn or tensor args, args, ndim, result address)], recorded at
+    Context.tensor and Context.build, where every op's Python path creates what it builds."""
+    from ggml_py._context import Context
+    calls: list = []
+    orig_build, orig_tensor = Context.build, Context.tensor
+
+    def build(self, fn, args, ndim, *rest, **kw):
+        t = orig_build(self, fn, args, ndim, *rest, **kw)
+        calls.append(("build", fn, tuple(args), t.ndim, _addr(gg, t.ptr)))
+        return t
+
+    def tensor(self, type, shape, name=None):
+        t = orig_tensor(self, type, shape, name)
+        calls.append(("tensor", type, tuple(shape), None, _addr(gg, t.ptr)))
+        return t
+
+    Context.build, Context.tensor = build, tensor
+    try:
+        case.build(gg, *placeholders)
+    finally:
+        Context.build, Context.tensor = orig_build, orig_tensor
+    return calls
+
+
+def build_raw(gg, ctx, case, type_name: str, ins):
+    """`case` built on `ins` with ggml's own calls, without ggml_py's rules: the calls ggml_py
+    makes for f32 operands (recorded on placeholders), replayed on the cell's typed tensors.
+    ggml's own asserts still run (an abort here is the build's answer)."""
+    with gg.Context() as ph_ctx:
+        ph = [_make(gg, ph_ctx, s, "f32") for s in case.inputs]
+        calls = _recorded(gg, case, ph_ctx, ph)
+        mapping = {_addr(gg, p.ptr): t for p, t in zip(ph, ins)}
+    out = None
+    for kind, fn, args, ndim, res in calls:
+        if kind == "tensor":
+            out = ctx.tensor(fn, args)
+        else:
+            new = [mapping[a].ptr if (a := _addr(gg, x)) in mapping else x for x in args]
+            out = ctx.build(fn, new, ndim, room=16)
+        mapping[res] = out
+    if out is None:
+        raise gg.GGMLError(f"{case.op}: ggml_py built nothing to replay")
+    return out
+
+
+def rule_of(gg, case, type_name: str) -> dict:
+    """ggml_py's rule for the cell: its op called on the cell's typed inputs (nothing run)."""
+    with gg.Context() as ctx:
+        try:
+            ins = [_make(gg, ctx, s, type_name) for s in case.inputs]
+            case.build(gg, *ins)
+        except gg.GGMLError as e:
+            return {"rule": "refused", "rule_error": f"{type(e).__name__}: {e}"}
+    return {"rule": "allowed"}
+
+
 def run_cell(gg, dev, backend, op: str, type_name: str) -> dict:
     case = BY_OP[op]
+    rule = rule_of(gg, case, type_name)
+    print(f"rule {json.dumps(rule)}", flush=True)     # (kept by the parent if the cell aborts)
+    res = _run_cell(gg, dev, backend, case, type_name)
+    return {**res, **rule}
+
+
+def _run_cell(gg, dev, backend, case, type_name: str) -> dict:
+    op = case.op
     rng = np.random.default_rng(seed(op, type_name))
     with gg.Context() as ctx:
         try:
             ins = [_make(gg, ctx, s, type_name) for s in case.inputs]
-            out = case.build(gg, *ins)
+        except gg.GGMLError as e:          # (ggml_new_tensor would assert: no cell to run)
+            return {"status": "refused", "error": f"inputs: {type(e).__name__}: {e}"}
+        print(f"stage build {op} {type_name}", flush=True)
+        try:
+            out = build_raw(gg, ctx, case, type_name, ins)
         except gg.GGMLError as e:
-            return {"status": "refused", "error": f"{type(e).__name__}: {e}"}
-        if not dev.supports_op(out):
+            return {"status": "error", "error": f"building: {type(e).__name__}: {e}"}
+        if not bool(gg.lib.ggml_backend_dev_supports_op(dev.ptr, out.ptr)):
             return {"status": "unsupported"}
         ctx.alloc(backend)
         first_rows = case.inputs[0].shape[0] if case.inputs[0].shape else None
@@ -71,11 +150,17 @@ def run_cell(gg, dev, backend, op: str, type_name: str) -> dict:
             _fill(t, values(s, rng, first_rows))
         held = [np.asarray(t.numpy(copy=True), dtype=np.float64) if s.role not in ("idx", "pos")
                 else t.numpy(copy=True).astype(np.int64) for s, t in zip(case.inputs, ins)]
+        print(f"stage compute {op} {type_name}", flush=True)
         try:
             backend.compute(gg.Graph(out))
+        except gg.UnsupportedError as e:  # (a node the replay made that the device lacks)
+            return {"status": "unsupported", "error": f"{type(e).__name__}: {e}"}
         except gg.GGMLError as e:
             return {"status": "error", "error": f"{type(e).__name__}: {e}"}
-        got = np.asarray(out.numpy(copy=True), dtype=np.float64)
+        try:
+            got = np.asarray(out.numpy(copy=True), dtype=np.float64)
+        except gg.GGMLError as e:
+            return {"status": "error", "error": f"reading the result: {type(e).__name__}: {e}"}
     ref = np.asarray(case.ref(*held), dtype=np.float64)
     if case.normalize is not None:
         got, ref = case.normalize(got.reshape(ref.shape)), case.normalize(ref)
