@@ -350,9 +350,6 @@ def test_load_never_picks_an_extra_buffer_type(tmp_path):
                     assert t.buffer.buffer_type.name in (default, "CPU_Mapped"), (target, extra)
 
 
-@pytest.mark.xfail(strict=True, reason="CPU_REPACK's set/get rule belongs to the tensor layer "
-                   "(helper crashcore, issue 28): GGUF load and write reach these buffers only "
-                   "through Tensor.set and _transfer.blocking_get; remove this mark once it lands")
 def test_an_explicit_repack_target_raises_or_round_trips(tmp_path):
     out = _ok(_child("""
         import sys, numpy as np, ggml_py as gg
