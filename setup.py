@@ -60,7 +60,8 @@ class BuildGGML(Command):
         out = Path("".join(lines).strip().splitlines()[-1])
         # only this build goes into the wheel (package_data is read lazily by build_py;
         # BuildPy removes whatever else include_package_data or an earlier run brought)
-        self.distribution.package_data["ggml_py"] = [f"lib/{out.name}/*", "py.typed"]
+        self.distribution.package_data["ggml_py"] = [f"lib/{out.name}/*", "py.typed",
+                                                   "compare/release_api.json"]
         self.distribution.ggml_py_build = out.name
 
 
