@@ -13,7 +13,7 @@ import html
 import itertools
 from typing import Any, Callable, TypeVar
 
-from ._loader import ffi
+from ._loader import ffi, lib
 from .errors import GGMLError
 
 DRAW_LIMIT = 600         # graphs with more tensors are described, not drawn
@@ -73,6 +73,11 @@ def _backend_labels(scheduler: Any) -> dict[str, str]:
         dev = _safe(lambda: b.device.name) or b.name
         seen[dev] = seen.get(dev, 0) + 1
         labels[b.name] = dev if seen[dev] == 1 else f"{dev}#{seen[dev] - 1}"
+        # ggml names its copies after its own backend name, which can differ from ggml_py's
+        # (ggml calls every RPC backend "RPC0[host:port]")
+        raw = _safe(lambda: ffi.string(lib.ggml_backend_name(b.ptr)).decode())
+        if raw and raw not in labels:
+            labels[raw] = labels[b.name]
     return labels
 
 
@@ -110,7 +115,7 @@ def _placement(graph: Any, scheduler: Any
         b = _safe(lambda: scheduler.backend_of(t))
         if b is not None:
             placed[t] = labels.get(b.name, b.name)
-    return placed, (list(labels.values()) if placed else []), copies
+    return placed, (list(dict.fromkeys(labels.values())) if placed else []), copies
 
 
 def _layers(n_nodes: int, n_all: int, edges: list[Edge], copied: dict[int, str]

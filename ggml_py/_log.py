@@ -92,4 +92,18 @@ def _uninstall(lib: Any, ffi: Any) -> None:
         pass
 
 
-__all__ = ["logger", "install", "LEVELS"]
+def to_stderr(level: int = logging.WARNING) -> None:
+    """Print ggml's lines at `level` and above on stderr, bare, as ggml itself would: for child
+    processes whose parent reads ggml's messages there (compare's workers)."""
+    if any(getattr(h, "_ggml_py_stderr", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler()            # sys.stderr at each emit
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler._ggml_py_stderr = True               # type: ignore[attr-defined]
+    handler.setLevel(level)
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > level:
+        logger.setLevel(level)
+
+
+__all__ = ["logger", "install", "LEVELS", "to_stderr"]

@@ -26,6 +26,8 @@ def main(server_folder: str) -> int:
     def stage(name: str) -> None:
         print(f"stage {name}", flush=True)
 
+    from ggml_py._log import to_stderr
+    to_stderr()        # ggml's lines ("RPC server version mismatch") on stderr for the parent
     out: dict = {"talks": False}
     stage("server start")
     srv = gg.rpc.serve(build=server_folder, threads=1)

@@ -285,6 +285,8 @@ def speed_main(spec_path: str) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from ggml_py._log import to_stderr
+    to_stderr()        # ggml's own lines reach the parent, which reads stderr
     if argv[0] == "ops":
         return ops_main(argv[1], int(argv[2]))
     if argv[0] == "speed":
