@@ -89,16 +89,21 @@ def facts() -> dict[str, Any]:
     info = gg.build_info()
     devs = []
     for d in gg.devices():
-        free, total = d.memory
-        c = d.caps
-        devs.append({
-            "name": d.name, "type": d.type, "description": d.description,
-            "registry": d.registry.name, "device_id": d.device_id,
-            "memory": {"free": free, "total": total},
-            "caps": {k.rstrip("_"): bool(v) for k, v in c._asdict().items()},
-            "buffer_types": [{"name": b.name, "alignment": b.alignment, "is_host": b.is_host}
-                             for b in d.buffer_types],
-        })
+        entry: dict[str, Any] = {"name": d.name, "type": d.type, "description": d.description,
+                                 "registry": d.registry.name, "device_id": None,
+                                 "unreachable": None}
+        try:
+            free, total = d.memory
+            entry.update({
+                "device_id": d.device_id,
+                "memory": {"free": free, "total": total},
+                "caps": {k.rstrip("_"): bool(v) for k, v in d.caps._asdict().items()},
+                "buffer_types": [{"name": b.name, "alignment": b.alignment,
+                                  "is_host": b.is_host} for b in d.buffer_types],
+            })
+        except gg.RPCError as e:      # an RPC device added earlier whose server has gone
+            entry.update({"memory": None, "caps": {}, "buffer_types": [], "unreachable": str(e)})
+        devs.append(entry)
     return {
         "ggml_version": gg.ggml_version(),
         "build": {"folder": info["folder"], "release": info["release"],
@@ -120,6 +125,10 @@ def show(out: TextIO = sys.stdout, as_json: bool = False) -> int:
             err: float | str = matmul_check(d)
             ok = isinstance(err, float) and err < MATMUL_NMSE
             result = "ok" if ok else "fail"
+        except gg.RPCError as e:
+            # an RPC device whose server is gone (added earlier in this process): its memory
+            # cannot be reached, so nothing was checked and nothing wrong was computed
+            err, ok, result = str(e), False, "unreachable"
         except gg.UnsupportedError as e:
             # the device cannot run this matmul at all (Metal on a paravirtual GPU without
             # simdgroup reduction, as on hosted macOS runners): nothing wrong was computed
@@ -149,7 +158,8 @@ def show(out: TextIO = sys.stdout, as_json: bool = False) -> int:
     for d in f["devices"]:
         caps = ",".join(k.replace("buffer_from_host_ptr", "from_host_ptr")
                         for k, v in d["caps"].items() if v) or "-"
-        mem = _gib(d["memory"]["free"]) + " / " + _gib(d["memory"]["total"])
+        mem = "unreachable" if d["memory"] is None else \
+            _gib(d["memory"]["free"]) + " / " + _gib(d["memory"]["total"])
         where = f"  [{d['device_id']}]" if d["device_id"] else ""
         print(f"{d['name']:<10} {d['type']:<6} {mem:<22} {caps:<34} {d['description']}{where}",
               file=out)

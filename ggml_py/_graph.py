@@ -129,6 +129,7 @@ class Graph:
         self._nodes: list[Any] | None = None    # the walk (see walk())
         self._leafs: list[Any] = []
         self._node_set: set[Any] = set()
+        self._written: set[int] | None = None
         self.scheduler: Any = None          # the scheduler that placed it last, if any
         contexts: dict[int, Context] = {}
         for t in outs:
@@ -256,10 +257,15 @@ class Graph:
             self._node_set = keys
         return _entries(self._nodes, self._leafs)
 
-    def node_addresses(self) -> set[int]:
-        """The addresses of the graph's nodes (raw ``struct ggml_tensor *``)."""
+    def written_addresses(self) -> set[int]:
+        """The addresses (raw ``struct ggml_tensor *``) of the tensors a compute writes: its
+        nodes, and the tensors its view nodes write into (``cpy``'s destination, an in-place
+        op's or ``set_rows``' target), whose memory those nodes share."""
         self.walk()
-        return self._node_set
+        if self._written is None:
+            self._written = set(self._node_set)
+            self._written.update(_addr(t.view_src) for t in self._nodes or () if t.view_src)
+        return self._written
 
     def _require_open(self) -> None:
         """ClosedError when a context holding tensors of this graph was closed."""

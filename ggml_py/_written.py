@@ -7,8 +7,9 @@ of its tensors (:class:`Books`, ``Context.books``):
 - a **write** (``set``, ``set_async``, a copy into it, a GGUF load, ``from_numpy``'s values at
   alloc) records the tensor with the address of its memory at that time: memory placed again
   (elsewhere) reads as unwritten again;
-- a **compute** records the graph's nodes (on the compute's slow path, which walks them anyway:
-  the hot path of a recompute is untouched);
+- a **compute** records the graph's nodes and the tensors its view nodes write into (a
+  ``cpy``'s destination, an in-place op's target), on the compute's slow path, which walks
+  them anyway: the hot path of a recompute is untouched;
 - a read (``numpy()``, ``Backend.get``, ``get_async``) of a tensor found in neither raises
   :class:`~ggml_py.errors.UnwrittenError`. A view counts as written when the tensor it views
   does. ``t.raw_numpy()`` reads the raw memory on purpose.
@@ -64,7 +65,7 @@ def cleared(buf: Any) -> None:
 def ran(graph: Any, contexts: Any) -> None:
     """Record that `graph` computed: its nodes hold values (called on the compute's slow
     path, which already walked every node: a recompute's fast path does not come here)."""
-    nodes = graph.node_addresses()
+    nodes = graph.written_addresses()
     for c in contexts:
         c.books.nodes |= nodes
 

@@ -6,6 +6,9 @@ import io
 import json
 import os
 import platform
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -53,6 +56,29 @@ def test_a_wrong_result_is_still_a_failure(monkeypatch):
     assert main.show(out, as_json=True) == 1
     cpu = next(d for d in json.loads(out.getvalue())["devices"] if d["name"] == "CPU")
     assert cpu["matmul_check"]["result"] == "fail"
+
+
+def test_a_device_whose_server_is_gone_is_unreachable_not_a_crash():
+    """An RPC device added earlier in the process stays registered after its server dies (a
+    shuffled suite ran the checks after an RPC test): the report lists it as unreachable and
+    checks the other devices, in a fresh process so the dead device stays out of this one."""
+    code = textwrap.dedent("""
+        import io, json, ggml_py as gg, ggml_py.__main__ as main
+        srv = gg.rpc.serve(); (dev,) = gg.rpc.connect(srv.endpoint).devices
+        srv.kill()
+        out = io.StringIO(); rc = main.show(out)
+        assert rc == 0, out.getvalue()
+        assert "unreachable" in out.getvalue() and "ok" in out.getvalue(), out.getvalue()
+        out = io.StringIO(); assert main.show(out, as_json=True) == 0
+        devs = {d["name"]: d for d in json.loads(out.getvalue())["devices"]}
+        gone = devs[dev.name]
+        assert gone["memory"] is None and "gone" in gone["unreachable"], gone
+        assert gone["matmul_check"]["result"] == "unreachable"
+        assert devs["CPU"]["matmul_check"]["result"] == "ok"
+        print("checked")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "checked" in r.stdout, r.stdout + r.stderr
 
 
 def test_cpu_module_found_by_the_loader_not_proc():

@@ -74,3 +74,28 @@ def test_scheduler_nodes_read_after_compute(be):
     with gg.Scheduler([be]) as sched:
         sched.compute(gg.Graph(y))
         np.testing.assert_allclose(y.numpy(), np.exp(np.arange(4)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("op", ["cpy", "set_rows"])
+def test_the_target_an_op_writes_into_reads_once_computed(be, op, asynchronous):
+    """cpy and set_rows return a view of their destination: computing them writes the
+    destination, which was never set, so it must read afterwards (a Vulkan CI run raised
+    UnwrittenError on a cpy's destination)."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ctx = gg.Context()
+    a = ctx.from_numpy(x)
+    dst = ctx.tensor(gg.f32, x.shape, "dst")
+    idx = ctx.from_numpy(np.array([1, 0], np.int64)) if op == "set_rows" else None
+    ctx.alloc(be)
+    with pytest.raises(gg.UnwrittenError):
+        dst.numpy()
+    node = gg.cpy(a * 2, dst) if op == "cpy" else gg.set_rows(dst, a * 2, idx)
+    g = gg.Graph(node)
+    if asynchronous:
+        be.compute_async(g)
+        be.synchronize()
+    else:
+        be.compute(g)
+    want = 2 * x if op == "cpy" else 2 * x[[1, 0]]
+    np.testing.assert_array_equal(dst.numpy(), want)
