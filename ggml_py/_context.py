@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -32,11 +32,8 @@ from ._liveness import buffer_device, ensure_alive
 from ._loader import HELPERS, ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import MAX_DIMS, MAX_NAME, TensorBase, index_of, shape_of
-from .errors import (ClosedError, GGMLError, InvalidArgument, InvalidType, OutOfMemory, check,
-                     require)
-
-if TYPE_CHECKING:
-    pass
+from .errors import (ClosedError, GGMLError, InvalidType, OutOfMemory,
+                     check_status, require)
 
 _OVERHEAD = int(lib.ggml_tensor_overhead())
 _MAX_CAPACITY = 1 << 26
@@ -364,8 +361,8 @@ class Context(Owned):
             buf.on_close(lambda b=b: self._lose(b))
             self._buffers.append(buf)
             st = lib.ggml_backend_tensor_alloc(b, p, lib.ggml_backend_buffer_get_base(b))
-            if st:                           # (an enum ggml_status since 0.21, void before)
-                check(st, "constant: placing the tensor")
+            if st:                           # an enum ggml_status where the release returns one
+                check_status(st, "constant: placing the tensor")
             self._pending = [(u, a) for u, a in self._pending if u is not t]
         t.set(array.reshape(t.shape))
         return t
@@ -506,4 +503,3 @@ class Context(Owned):
 
 
 __all__ = ["Context"]
-_ = InvalidArgument

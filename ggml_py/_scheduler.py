@@ -106,7 +106,7 @@ class Scheduler(Owned):
         require(isinstance(graph, Graph), f"expected a gg.Graph, not {type(graph).__name__}",
                 InvalidType)
         graph._require_open()
-        self._alive()
+        self.ensure_alive()
         require(graph.n_nodes <= self._graph_size,
                 f"the graph has {graph.n_nodes} nodes; this scheduler was made for "
                 f"{self._graph_size} (Scheduler(graph_size=...))")
@@ -276,7 +276,7 @@ class Scheduler(Owned):
         with self._locked(), contextlib.ExitStack() as stack:
             for c in sorted(graph.contexts, key=id):
                 stack.enter_context(c._lock)
-            self._alive()
+            self.ensure_alive()
             graph._require_open()           # before reading its index inputs
             if not self._wired or not any(entry[0] is graph for entry in self._placed):
                 self._alloc(graph, inputs_set=True)
@@ -311,10 +311,11 @@ class Scheduler(Owned):
     def synchronize(self) -> None:
         """Wait until every backend of the scheduler finished its queued work."""
         with self._locked():
-            self._alive()
+            self.ensure_alive()
             lib.ggml_backend_sched_synchronize(self.ptr)
 
-    def _alive(self) -> None:
+    def ensure_alive(self) -> None:
+        """ClosedError once closed; RPCError when a backend's RPC server is gone."""
         self.ptr
         for b in self.backends:
             b.ensure_alive()

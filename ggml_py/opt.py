@@ -34,7 +34,7 @@ import numpy as np
 from ._handle import Owned
 from ._liveness import buffer_device, endpoint_of, ensure_alive
 from ._loader import ffi, lib
-from .errors import (ClosedError, GGMLError, InvalidArgument, UnsupportedError, check_ptr,
+from .errors import (GGMLError, InvalidArgument, UnsupportedError, check_ptr,
                      check_status, require)
 from .ops._common import RELEASE
 
@@ -308,7 +308,7 @@ class Optimizer(Owned):
                 if dataset is not None:
                     stack.enter_context(dataset._lock)   # not freed under the epoch
                     dataset.ptr
-                self._sched._alive()
+                self._sched.ensure_alive()
                 for p in (self.inputs, *self.params):
                     p.require_memory(what)
                 yield

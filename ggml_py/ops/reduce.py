@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._loader import lib
-from ..errors import InvalidArgument, InvalidType, require
+from ..errors import InvalidType, require
 from ._common import build, contiguous, cpu_type, index_of, need, rows, tensor
 
 if TYPE_CHECKING:
@@ -87,4 +87,3 @@ _TOP_K_IS_A_VIEW = not hasattr(lib, "GGML_OP_TOP_K")
 
 
 __all__ = ["sum", "sum_rows", "mean", "argmax", "cumsum", "argsort", "top_k"]
-_ = InvalidArgument
