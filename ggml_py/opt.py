@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
+from . import _features
 from ._handle import Owned
 from ._liveness import buffer_device, endpoint_of, ensure_alive
 from ._loader import ffi, lib
@@ -53,7 +54,7 @@ GRAPH_SIZE = int(lib.GGML_DEFAULT_GRAPH_SIZE)   # ggml-opt's graphs have this ma
 
 def _require_opt() -> None:
     from .errors import UnsupportedError
-    require(hasattr(lib, "ggml_opt_init") and bool(LOSSES),
+    require(_features.OPT and bool(LOSSES),
             "this ggml release has no ggml-opt (training needs a newer build)", UnsupportedError)
 
 

@@ -21,7 +21,8 @@ import warnings
 from typing import Any
 from pathlib import Path
 
-from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib, old_rpc_api
+from ._features import old_rpc_api
+from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib
 from .errors import GGMLError, InvalidType, RPCError, RPCVersionError, UnsupportedError, require
 from . import _handle, _liveness
 from ._context import Context
