@@ -33,7 +33,7 @@ from ._loader import HELPERS, ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import MAX_DIMS, MAX_NAME, TensorBase, index_of, shape_of
 from .errors import (ClosedError, GGMLError, InvalidType, OutOfMemory,
-                     check_status, require)
+                     check_ptr, check_status, require)
 
 _OVERHEAD = int(lib.ggml_tensor_overhead())
 _MAX_CAPACITY = 1 << 26
@@ -103,9 +103,8 @@ class Context(Owned):
         # read it (the ops call their helper with it: ops/_common.CHECKED), never assign it
         self.checked_state: Any = None
         if _STATE_NEW is not None:
-            st = _STATE_NEW(first)
-            if st == ffi.NULL:
-                raise OutOfMemory("Context: no memory for its state")
+            st = check_ptr(_STATE_NEW(first),
+                           "Context: no memory for its state", OutOfMemory)
             self.checked_state = ffi.gc(st, lib.ggml_py_ctx_free)
         self._keep: list[Any] = []         # graphs/allocators/schedulers that placed memory here
         self._buffers: list[Buffer] = []   # buffers made for its tensors

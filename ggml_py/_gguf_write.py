@@ -29,7 +29,7 @@ import numpy as np
 from . import _gguf_check as chk
 from . import _features, _transfer
 from ._loader import ffi, lib
-from .errors import GGMLError, InvalidArgument, InvalidType
+from .errors import GGMLError, InvalidArgument, InvalidType, check_ptr
 
 if TYPE_CHECKING:
     from ._types import GGMLType
@@ -353,9 +353,8 @@ def write(path: str | os.PathLike[str], metadata: dict[str, Any], tensors: Any,
             raise InvalidArgument(f"duplicate tensor name {name!r}")
         names.add(name)
         sources.append((nb, *_tensor_source(name, v)))
-    gctx = _init(alignment)
-    if gctx == ffi.NULL:
-        raise GGMLError("gguf_init failed")
+    gctx = check_ptr(_init(alignment),
+                     "gguf_init failed")
     mctx = ffi.NULL
     try:
         for e in plan:

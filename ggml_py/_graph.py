@@ -169,9 +169,8 @@ class Graph:
             require(capacity <= _MAX_NODES, f"Graph: capacity must be at most {_MAX_NODES}")
         n = capacity or max(int(lib.GGML_DEFAULT_GRAPH_SIZE), 2 * count + 16)
         overhead = int(lib.ggml_graph_overhead_custom(n, False))
-        raw = _metadata.new(overhead + 1024)
-        if raw == ffi.NULL:
-            raise GGMLError("Graph: ggml_init failed for the graph")
+        raw = check_ptr(_metadata.new(overhead + 1024),
+                        "Graph: ggml_init failed for the graph")
         try:
             self._contexts = list(contexts.values())
             self.ptr = lib.ggml_new_graph_custom(raw, n, False)

@@ -206,9 +206,9 @@ class Optimizer(Owned):
         overhead = int(lib.ggml_tensor_overhead())
         size = 3 * int(lib.ggml_graph_overhead_custom(GRAPH_SIZE, True)) + 8 * n_nodes * overhead \
             + 64 * overhead
-        raw_ctx = lib.ggml_init({"mem_size": size, "mem_buffer": ffi.NULL, "no_alloc": True})
-        if raw_ctx == ffi.NULL:
-            raise GGMLError("ggml_init failed for the optimizer's compute context")
+        init: dict[str, Any] = {"mem_size": size, "mem_buffer": ffi.NULL, "no_alloc": True}
+        raw_ctx = check_ptr(lib.ggml_init(init),
+                            "ggml_init failed for the optimizer's compute context")
         self._compute = _ComputeMemory(raw_ctx, lib.ggml_free)
         self._pars = ffi.new("struct ggml_opt_optimizer_params *")
         self._optimizer = optimizer
