@@ -27,7 +27,7 @@ from . import _handle, _metadata, _types as T, _written
 from ._backend import Backend
 from ._buffer import Buffer
 from ._device import BufferType
-from ._handle import Owned
+from ._handle import Owned, Placer
 from ._liveness import buffer_device, ensure_alive
 from ._loader import HELPERS, ffi, lib
 from ._tensor import Tensor
@@ -290,7 +290,7 @@ class Context(Owned):
         # every owner of memory its tensors may sit in: its buffers, and the schedulers and
         # graphs that placed memory for them (each close() hands its memory to the token)
         for k in (*self._buffers, *self._keep,
-                  *(a for g in self._keep for a in getattr(g, "_allocs", {}).values())):
+                  *(a for g in self._keep if isinstance(g, Placer) for a in g.placed_memory())):
             if isinstance(k, Owned) and not k.closed:
                 k.export_to(token)
         return token
@@ -470,15 +470,14 @@ class Context(Owned):
                 lib.ggml_py_ctx_set_head(self.checked_state, ffi.NULL)
                 _C_UNLOCK(self.checked_state)
             for k in self._keep:   # schedulers give graphs with nodes here back before they go
-                forget = getattr(k, "_forget", None)
-                if forget is not None and not k.closed:
-                    forget()
+                if isinstance(k, Placer):
+                    k.context_closing()
             self._closing = True
             exports = list(self._exports)
             if exports:
                 # memory handed out without a copy outlives close(): the exports own it now
-                memory = [*self._buffers, *(a for k in self._keep
-                                            for a in getattr(k, "_allocs", {}).values())]
+                memory = [*self._buffers, *(a for k in self._keep if isinstance(k, Placer)
+                                            for a in k.placed_memory())]
                 for m in memory:
                     self._children.discard(m)
                     m._parents = ()

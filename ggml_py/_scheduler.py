@@ -24,7 +24,7 @@ import numpy as np
 from ._backend import Backend
 from ._graph import Graph
 from . import _handle, _written
-from ._handle import Owned, hand_over
+from ._handle import Owned, Placer, hand_over
 from ._liveness import endpoint_of, supports_op
 from ._loader import cstr, ffi, lib
 from ._tensor_base import give_back_rewired
@@ -46,7 +46,7 @@ def _restore(sources: list[tuple[Any, list[Any]]]) -> None:
             t.src[j] = s
 
 
-class Scheduler(Owned):
+class Scheduler(Owned, Placer):
     """Schedules graphs over `backends` (highest priority first; the last must be a CPU)."""
 
     _kind = "scheduler"
@@ -384,6 +384,11 @@ class Scheduler(Owned):
                     c.rewired.pop(_addr(t), None)
             if not any(c.closed for c in graph.contexts):   # (else its tensors are gone)
                 _restore(sources)
+
+    def context_closing(self) -> None:
+        """A context it placed tensors for closes (Placer): give its graphs back first."""
+        if not self.closed:
+            self._forget()
 
     def _forget(self) -> None:
         """Give graphs back as they were: their own sources again (not the scheduler's copies),
