@@ -158,8 +158,9 @@ def __getattr__(name: str) -> _Any:
 
 def ggml_version() -> str:
     """The upstream ggml release of the loaded library (e.g. "0.25.3")."""
+    from ._features import VERSION_STRING
     from ._loader import BUILD, cstr, lib
-    if hasattr(lib, "ggml_version"):
+    if VERSION_STRING:
         return cstr(lib.ggml_version()) or str(BUILD["release"])
     return str(BUILD["release"])
 
@@ -167,8 +168,9 @@ def ggml_version() -> str:
 def ggml_commit() -> str:
     """The ggml tree's own commit, as ggml's CMake found it when the library was built
     ("unknown" for trees extracted from a release's sdist, which carry no git history)."""
+    from ._features import COMMIT_STRING
     from ._loader import BUILD, cstr, lib
-    if hasattr(lib, "ggml_commit"):
+    if COMMIT_STRING:
         return cstr(lib.ggml_commit()) or "unknown"
     return str(BUILD.get("ggml_commit", "unknown"))
 

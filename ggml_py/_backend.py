@@ -21,7 +21,7 @@ from . import _handle
 from ._handle import Owned
 from ._liveness import ensure_alive, free_guard, supports_op
 from ._loader import cstr, ffi, lib
-from .errors import GGMLError, check_ptr, InvalidArgument, InvalidType, UnsupportedError, require
+from .errors import check_ptr, InvalidArgument, InvalidType, UnsupportedError, require
 
 if TYPE_CHECKING:
     from ._device import BufferType, Device
@@ -137,9 +137,6 @@ class Backend(Owned):
         self.ptr
         if self._guard is not None:
             ensure_alive(self._device.ptr)
-
-    def _alive(self) -> None:          # the older name, kept for other modules' callers
-        self.ensure_alive()
 
     def synchronize(self) -> None:
         """Wait for everything queued on this backend; then releases what async calls kept."""

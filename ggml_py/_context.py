@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -27,16 +27,13 @@ from . import _handle, _metadata, _types as T, _written
 from ._backend import Backend
 from ._buffer import Buffer
 from ._device import BufferType
-from ._handle import Owned
+from ._handle import Owned, Placer
 from ._liveness import buffer_device, ensure_alive
 from ._loader import HELPERS, ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import MAX_DIMS, MAX_NAME, TensorBase, index_of, shape_of
-from .errors import (ClosedError, GGMLError, InvalidArgument, InvalidType, OutOfMemory, check,
-                     require)
-
-if TYPE_CHECKING:
-    pass
+from .errors import (ClosedError, GGMLError, InvalidType, OutOfMemory,
+                     check_ptr, check_status, require)
 
 _OVERHEAD = int(lib.ggml_tensor_overhead())
 _MAX_CAPACITY = 1 << 26
@@ -106,9 +103,8 @@ class Context(Owned):
         # read it (the ops call their helper with it: ops/_common.CHECKED), never assign it
         self.checked_state: Any = None
         if _STATE_NEW is not None:
-            st = _STATE_NEW(first)
-            if st == ffi.NULL:
-                raise OutOfMemory("Context: no memory for its state")
+            st = check_ptr(_STATE_NEW(first),
+                           "Context: no memory for its state", OutOfMemory)
             self.checked_state = ffi.gc(st, lib.ggml_py_ctx_free)
         self._keep: list[Any] = []         # graphs/allocators/schedulers that placed memory here
         self._buffers: list[Buffer] = []   # buffers made for its tensors
@@ -294,7 +290,7 @@ class Context(Owned):
         # every owner of memory its tensors may sit in: its buffers, and the schedulers and
         # graphs that placed memory for them (each close() hands its memory to the token)
         for k in (*self._buffers, *self._keep,
-                  *(a for g in self._keep for a in getattr(g, "_allocs", {}).values())):
+                  *(a for g in self._keep if isinstance(g, Placer) for a in g.placed_memory())):
             if isinstance(k, Owned) and not k.closed:
                 k.export_to(token)
         return token
@@ -364,8 +360,8 @@ class Context(Owned):
             buf.on_close(lambda b=b: self._lose(b))
             self._buffers.append(buf)
             st = lib.ggml_backend_tensor_alloc(b, p, lib.ggml_backend_buffer_get_base(b))
-            if st:                           # (an enum ggml_status since 0.21, void before)
-                check(st, "constant: placing the tensor")
+            if st:                           # an enum ggml_status where the release returns one
+                check_status(st, "constant: placing the tensor")
             self._pending = [(u, a) for u, a in self._pending if u is not t]
         t.set(array.reshape(t.shape))
         return t
@@ -474,15 +470,14 @@ class Context(Owned):
                 lib.ggml_py_ctx_set_head(self.checked_state, ffi.NULL)
                 _C_UNLOCK(self.checked_state)
             for k in self._keep:   # schedulers give graphs with nodes here back before they go
-                forget = getattr(k, "_forget", None)
-                if forget is not None and not k.closed:
-                    forget()
+                if isinstance(k, Placer):
+                    k.context_closing()
             self._closing = True
             exports = list(self._exports)
             if exports:
                 # memory handed out without a copy outlives close(): the exports own it now
-                memory = [*self._buffers, *(a for k in self._keep
-                                            for a in getattr(k, "_allocs", {}).values())]
+                memory = [*self._buffers, *(a for k in self._keep if isinstance(k, Placer)
+                                            for a in k.placed_memory())]
                 for m in memory:
                     self._children.discard(m)
                     m._parents = ()
@@ -506,4 +501,3 @@ class Context(Owned):
 
 
 __all__ = ["Context"]
-_ = InvalidArgument

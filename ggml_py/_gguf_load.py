@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
 import numpy as np
 
 from ._loader import ffi, lib
-from .errors import ClosedError, GGMLError, InvalidArgument, NotFound
+from .errors import GGMLError, InvalidArgument, NotFound
 from ._written import wrote
 
 if TYPE_CHECKING:

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 import numpy as np
 
 from . import _gguf_check as chk
-from . import _transfer
+from . import _features, _transfer
 from ._loader import ffi, lib
-from .errors import GGMLError, InvalidArgument, InvalidType
+from .errors import GGMLError, InvalidArgument, InvalidType, check_ptr
 
 if TYPE_CHECKING:
     from ._types import GGMLType
@@ -312,9 +312,9 @@ def _init(alignment: int | None) -> Any:
     head = (chk.MAGIC + struct.pack("<Iqq", 3, 0, 1) + struct.pack("<Q", len(key)) + key
             + struct.pack("<iI", chk.T_U32, int(alignment)))
     params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
-    if hasattr(lib, "gguf_init_from_buffer"):
+    if _features.GGUF_FROM_BUFFER:
         return lib.gguf_init_from_buffer(head, len(head), params[0])
-    with tempfile.TemporaryFile() as fh:      # releases before 0.15: from a file only
+    with tempfile.TemporaryFile() as fh:      # a release that parses from a file only
         fh.write(head)
         fh.flush()
         return lib.gguf_init_from_file(f"/dev/fd/{fh.fileno()}".encode(), params[0])
@@ -353,9 +353,8 @@ def write(path: str | os.PathLike[str], metadata: dict[str, Any], tensors: Any,
             raise InvalidArgument(f"duplicate tensor name {name!r}")
         names.add(name)
         sources.append((nb, *_tensor_source(name, v)))
-    gctx = _init(alignment)
-    if gctx == ffi.NULL:
-        raise GGMLError("gguf_init failed")
+    gctx = check_ptr(_init(alignment),
+                     "gguf_init failed")
     mctx = ffi.NULL
     try:
         for e in plan:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from . import _handle, _metadata, _written
-from ._handle import Owned
+from ._handle import Owned, Placer
 from ._liveness import free_guard, second_opinion
 from ._loader import HELPERS, cstr, ffi, lib
 from ._tensor import Tensor
@@ -105,7 +105,7 @@ def _refuse_closed_operands(outs: list[Tensor], closed: list[Context]) -> None:
                 stack.append(s)
 
 
-class Graph:
+class Graph(Placer):
     """A forward graph over `outputs` (a tensor or a list of tensors)."""
 
     def __init__(self, outputs: Tensor | list[Tensor], *, capacity: int | None = None) -> None:
@@ -170,9 +170,8 @@ class Graph:
             require(capacity <= _MAX_NODES, f"Graph: capacity must be at most {_MAX_NODES}")
         n = capacity or max(int(lib.GGML_DEFAULT_GRAPH_SIZE), 2 * count + 16)
         overhead = int(lib.ggml_graph_overhead_custom(n, False))
-        raw = _metadata.new(overhead + 1024)
-        if raw == ffi.NULL:
-            raise GGMLError("Graph: ggml_init failed for the graph")
+        raw = check_ptr(_metadata.new(overhead + 1024),
+                        "Graph: ggml_init failed for the graph")
         try:
             self._contexts = list(contexts.values())
             self.ptr = lib.ggml_new_graph_custom(raw, n, False)
@@ -273,6 +272,10 @@ class Graph:
             if c.closed:
                 raise ClosedError("a context holding tensors of this graph was closed")
         self._meta.ptr
+
+    def placed_memory(self) -> Iterator[Owned]:
+        """The node memory its allocator placed (Placer)."""
+        return iter(list(self._allocs.values()))
 
     def _forget_allocation(self) -> None:
         """Its nodes must be validated and placed again before the next compute (a scheduler

@@ -318,3 +318,18 @@ class Borrowed:
 
     def __reduce__(self) -> Any:
         raise TypeError(f"a {type(self).__name__} is a handle of this process and cannot be pickled")
+
+
+class Placer:
+    """What a Context asks of an object that placed memory for its tensors and that the
+    context keeps (``Context.keep``): a Graph whose allocator placed its nodes, a Scheduler.
+    The context asks it, never its private attributes, for the memory it placed (to hand to
+    zero-copy exports that outlive ``close()``) and tells it when the context closes."""
+
+    def placed_memory(self) -> Iterable[Owned]:
+        """The owners of the memory this placer allocated for tensors (none by default)."""
+        return ()
+
+    def context_closing(self) -> None:
+        """Called by a context it placed tensors for, as that context closes (nothing by
+        default)."""

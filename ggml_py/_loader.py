@@ -6,7 +6,6 @@ default configuration, or the one ``GGML_PY_BUILD`` (a folder, or a folder name 
 """
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import os
@@ -101,20 +100,10 @@ def backend_fn(name: str, ctype: str) -> Any:
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def old_rpc_api() -> bool:
-    """Whether this build's RPC backend is 0.9.x's: one device per endpoint
-    (``ggml_backend_rpc_add_device``, named "RPC[host:port]"), a server of one backend
-    (``ggml_backend_rpc_start_server(backend, ...)``) and an empty HELLO; 0.10 brought the
-    server registries (``ggml_backend_rpc_add_server``) with several devices per server."""
-    return (backend_fn("ggml_backend_rpc_add_server", "void *") is None
-            and backend_fn("ggml_backend_rpc_add_device", "void *") is not None)
-
-
 def cstr(p: Any) -> str | None:
     """A C string from ggml as a Python str (None for NULL)."""
     return None if p == ffi.NULL else ffi.string(p).decode("utf-8", "replace")
 
 
-__all__ = ["ffi", "lib", "BUILD", "BUILD_DIR", "backend_fn", "old_rpc_api", "cstr", "GGMLError",
+__all__ = ["ffi", "lib", "BUILD", "BUILD_DIR", "backend_fn", "cstr", "GGMLError",
            "LIB_ROOT", "MODULE", "PACKAGE", "available_builds", "build_dir"]

@@ -18,10 +18,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from . import _features
 from ._loader import ffi, lib
 from .errors import InvalidArgument, InvalidType
 
-_RESET: Any = getattr(lib, "ggml_reset", None)
+_RESET: Any = lib.ggml_reset if _features.CONTEXT_RESET else None
 _lock = threading.Lock()
 _pool: dict[int, list[Any]] = {}      # mem_size -> reset chunks of that size
 _held = 0                             # bytes in _pool

@@ -78,7 +78,8 @@ def _can_listen(host: str, port: int) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    from ._loader import backend_fn, ffi, lib, old_rpc_api
+    from ._features import old_rpc_api
+    from ._loader import backend_fn, ffi, lib
     from . import device
     from .rpc import OLD_RPC_ONE_DEVICE, WARNING, _is_loopback
 
@@ -106,7 +107,7 @@ def main(argv: list[str]) -> int:
         return 1
     endpoint = f"{args.host}:{args.port}".encode()
     cache = ffi.new("char[]", args.cache_dir.encode()) if args.cache_dir else ffi.NULL
-    if old_rpc_api():            # ggml 0.9.x: one backend per server, memory told by the caller
+    if old_rpc_api():            # the first RPC API: one backend per server, memory told by the caller
         if len(devs) != 1:
             print(f"rpc-server: {OLD_RPC_ONE_DEVICE}", file=sys.stderr)
             return 2

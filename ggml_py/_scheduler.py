@@ -24,7 +24,7 @@ import numpy as np
 from ._backend import Backend
 from ._graph import Graph
 from . import _handle, _written
-from ._handle import Owned, hand_over
+from ._handle import Owned, Placer, hand_over
 from ._liveness import endpoint_of, supports_op
 from ._loader import cstr, ffi, lib
 from ._tensor_base import give_back_rewired
@@ -46,7 +46,7 @@ def _restore(sources: list[tuple[Any, list[Any]]]) -> None:
             t.src[j] = s
 
 
-class Scheduler(Owned):
+class Scheduler(Owned, Placer):
     """Schedules graphs over `backends` (highest priority first; the last must be a CPU)."""
 
     _kind = "scheduler"
@@ -106,7 +106,7 @@ class Scheduler(Owned):
         require(isinstance(graph, Graph), f"expected a gg.Graph, not {type(graph).__name__}",
                 InvalidType)
         graph._require_open()
-        self._alive()
+        self.ensure_alive()
         require(graph.n_nodes <= self._graph_size,
                 f"the graph has {graph.n_nodes} nodes; this scheduler was made for "
                 f"{self._graph_size} (Scheduler(graph_size=...))")
@@ -276,7 +276,7 @@ class Scheduler(Owned):
         with self._locked(), contextlib.ExitStack() as stack:
             for c in sorted(graph.contexts, key=id):
                 stack.enter_context(c._lock)
-            self._alive()
+            self.ensure_alive()
             graph._require_open()           # before reading its index inputs
             if not self._wired or not any(entry[0] is graph for entry in self._placed):
                 self._alloc(graph, inputs_set=True)
@@ -311,10 +311,11 @@ class Scheduler(Owned):
     def synchronize(self) -> None:
         """Wait until every backend of the scheduler finished its queued work."""
         with self._locked():
-            self._alive()
+            self.ensure_alive()
             lib.ggml_backend_sched_synchronize(self.ptr)
 
-    def _alive(self) -> None:
+    def ensure_alive(self) -> None:
+        """ClosedError once closed; RPCError when a backend's RPC server is gone."""
         self.ptr
         for b in self.backends:
             b.ensure_alive()
@@ -383,6 +384,11 @@ class Scheduler(Owned):
                     c.rewired.pop(_addr(t), None)
             if not any(c.closed for c in graph.contexts):   # (else its tensors are gone)
                 _restore(sources)
+
+    def context_closing(self) -> None:
+        """A context it placed tensors for closes (Placer): give its graphs back first."""
+        if not self.closed:
+            self._forget()
 
     def _forget(self) -> None:
         """Give graphs back as they were: their own sources again (not the scheduler's copies),

@@ -16,7 +16,7 @@ import numpy as np
 from . import _types as T
 from ._buffer import Buffer, BorrowedBuffer
 from ._device import BufferType
-from ._liveness import buffer_device, check_access, ensure_alive
+from ._liveness import buffer_device, check_access
 from ._loader import cstr, ffi, lib
 from .errors import ClosedError, InvalidArgument, InvalidType, OutOfMemory, require
 
@@ -251,9 +251,6 @@ class TensorBase:
                                   "allocate it first (ctx.alloc(backend)) or compute its graph")
         check_access(buffer_device(p.buffer), p, what)
         return p
-
-    def _require_data(self, what: str) -> None:     # older name
-        self.require_memory(what)
 
     def __copy__(self) -> Any:
         raise TypeError("a Tensor is a handle into its context and cannot be copied; "

@@ -89,15 +89,6 @@ def check_ptr(ptr: Any, what: str, exc: type[GGMLError] = GGMLError) -> Any:
     return ptr
 
 
-def check(result: Any, what: str, *, null: Any = None) -> Any:
-    """The former checker, kept for callers: a pointer with `null` given goes to
-    :func:`check_ptr`, anything else is an ``enum ggml_status`` for :func:`check_status`."""
-    if null is not None:
-        return check_ptr(result, f"{what} failed")
-    check_status(result, what)
-    return result
-
-
 def require(cond: bool, message: str, exc: type[GGMLError] = InvalidArgument) -> None:
     """Validation before calling into C, where ggml would abort the process instead."""
     if not cond:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from . import _gguf_check as chk
+from . import _features
 from ._handle import Owned
 from ._loader import ffi, lib
 from .errors import ClosedError, GGMLError, InvalidType
@@ -101,9 +102,8 @@ def init_from_bytes(ptr: Any, size: int, fd: int, params: Any) -> Any:
     """gguf_init_from_buffer; releases before 0.15 have only gguf_init_from_file, which reads
     the same open file through /dev/fd (the bytes the check scanned; the file is kept open
     and checked unchanged)."""
-    from_buffer = getattr(lib, "gguf_init_from_buffer", None)
-    if from_buffer is not None:
-        return from_buffer(ptr, size, params)
+    if _features.GGUF_FROM_BUFFER:
+        return lib.gguf_init_from_buffer(ptr, size, params)
     return lib.gguf_init_from_file(f"/dev/fd/{fd}".encode(), params)
 
 
@@ -113,9 +113,8 @@ def _ggml_parse(ptr: Any, size: int, fd: int) -> tuple[Any, str]:
     params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
     with _log_lock:
         old_cb, old_ud = ffi.new("ggml_log_callback *"), ffi.new("void **")
-        log_get = getattr(lib, "ggml_log_get", None)     # (0.10+; before, NULL restores
-        if log_get is not None:                          # ggml's default logger)
-            log_get(old_cb, old_ud)
+        if _features.LOG_GET:         # otherwise the NULL left in old_cb restores ggml's logger
+            lib.ggml_log_get(old_cb, old_ud)
         _log_lines = []
         lib.ggml_log_set(_capture_log, ffi.NULL)
         try:
@@ -305,9 +304,9 @@ class GGUFFile(Owned):
             raise self._error("ggml and the check disagree on the tensor count")
         self.tensors: list[TensorInfo] = []
         traits = _traits()
-        ne_of = getattr(lib, "gguf_get_tensor_ne", None)     # (from 0.20.2 on)
         for i, ts in enumerate(layout.tensors):
-            ne = tuple(ne_of(raw, i)[0:4]) if ne_of is not None else tuple(ts.ne)
+            ne = (tuple(lib.gguf_get_tensor_ne(raw, i)[0:4]) if _features.GGUF_TENSOR_NE
+                  else tuple(ts.ne))
             if (ffi.string(lib.gguf_get_tensor_name(raw, i)).decode("utf-8", "surrogateescape"),
                     int(lib.gguf_get_tensor_type(raw, i)), ne, int(lib.gguf_get_tensor_offset(raw, i)),
                     int(lib.gguf_get_tensor_size(raw, i))) != \

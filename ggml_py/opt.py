@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
+from . import _features
 from ._handle import Owned
 from ._liveness import buffer_device, endpoint_of, ensure_alive
 from ._loader import ffi, lib
-from .errors import (ClosedError, GGMLError, InvalidArgument, UnsupportedError, check_ptr,
+from .errors import (GGMLError, InvalidArgument, UnsupportedError, check_ptr,
                      check_status, require)
 from .ops._common import RELEASE
 
@@ -53,7 +54,7 @@ GRAPH_SIZE = int(lib.GGML_DEFAULT_GRAPH_SIZE)   # ggml-opt's graphs have this ma
 
 def _require_opt() -> None:
     from .errors import UnsupportedError
-    require(hasattr(lib, "ggml_opt_init") and bool(LOSSES),
+    require(_features.OPT and bool(LOSSES),
             "this ggml release has no ggml-opt (training needs a newer build)", UnsupportedError)
 
 
@@ -205,9 +206,9 @@ class Optimizer(Owned):
         overhead = int(lib.ggml_tensor_overhead())
         size = 3 * int(lib.ggml_graph_overhead_custom(GRAPH_SIZE, True)) + 8 * n_nodes * overhead \
             + 64 * overhead
-        raw_ctx = lib.ggml_init({"mem_size": size, "mem_buffer": ffi.NULL, "no_alloc": True})
-        if raw_ctx == ffi.NULL:
-            raise GGMLError("ggml_init failed for the optimizer's compute context")
+        init: dict[str, Any] = {"mem_size": size, "mem_buffer": ffi.NULL, "no_alloc": True}
+        raw_ctx = check_ptr(lib.ggml_init(init),
+                            "ggml_init failed for the optimizer's compute context")
         self._compute = _ComputeMemory(raw_ctx, lib.ggml_free)
         self._pars = ffi.new("struct ggml_opt_optimizer_params *")
         self._optimizer = optimizer
@@ -308,7 +309,7 @@ class Optimizer(Owned):
                 if dataset is not None:
                     stack.enter_context(dataset._lock)   # not freed under the epoch
                     dataset.ptr
-                self._sched._alive()
+                self._sched.ensure_alive()
                 for p in (self.inputs, *self.params):
                     p.require_memory(what)
                 yield

@@ -21,8 +21,10 @@ import warnings
 from typing import Any
 from pathlib import Path
 
-from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib, old_rpc_api
-from .errors import GGMLError, InvalidType, RPCError, RPCVersionError, UnsupportedError, require
+from ._features import old_rpc_api
+from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib
+from .errors import (GGMLError, InvalidType, RPCError, RPCVersionError, UnsupportedError,
+                     check_ptr, require)
 from . import _handle, _liveness
 from ._context import Context
 from ._device import Device, Registry, device as _lookup, env_at_first_lookup
@@ -336,9 +338,8 @@ def connect(endpoint: str, timeout: float = 5.0) -> Registry:
     add_server = backend_fn("ggml_backend_rpc_add_server", "ggml_backend_reg_t (*)(const char *)")
     if add_server is None:
         raise RPCError("this build has no RPC backend")
-    raw = add_server(endpoint.encode())
-    if raw == ffi.NULL:
-        raise RPCError(f"the RPC server at {endpoint} offers no devices")
+    raw = check_ptr(add_server(endpoint.encode()),
+                    f"the RPC server at {endpoint} offers no devices", RPCError)
     lib.ggml_backend_register(raw)
     _liveness.remember([lib.ggml_backend_reg_dev_get(raw, i)
                         for i in range(int(lib.ggml_backend_reg_dev_count(raw)))], endpoint)
@@ -368,9 +369,8 @@ def _connect_one_device(endpoint: str) -> Registry:
     """ggml 0.9.x: one device per endpoint (``ggml_backend_rpc_add_device``), registered with
     ggml's device list so that it appears in ``gg.devices()``."""
     add_device = backend_fn("ggml_backend_rpc_add_device", "ggml_backend_dev_t (*)(const char *)")
-    raw = add_device(endpoint.encode())
-    if raw == ffi.NULL:
-        raise RPCError(f"the RPC server at {endpoint} offers no devices")
+    raw = check_ptr(add_device(endpoint.encode()),
+                    f"the RPC server at {endpoint} offers no devices", RPCError)
     lib.ggml_backend_device_register(raw)
     _liveness.remember([raw], endpoint)
     dev = Device._of(raw)

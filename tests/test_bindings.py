@@ -32,7 +32,7 @@ def test_cdef_has_the_functions_and_is_marked_generated():
     assert len(FUNCS) == INFO["functions"] > 500
     for f in FUNCS:
         assert re.search(rf"\b{f}\(", CDEF), f
-    rpc = "ggml_backend_rpc_add_device" if gg._loader.old_rpc_api() else "ggml_backend_rpc_add_server"
+    rpc = "ggml_backend_rpc_add_device" if gg._features.old_rpc_api() else "ggml_backend_rpc_add_server"
     assert rpc in FUNCS and "ggml_backend_event_new" in FUNCS
 
 

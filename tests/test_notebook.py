@@ -58,7 +58,7 @@ def run(name: str, monkeypatch) -> Ran:
 # (0.9.x names each "RPC[host:port]", one per server): on 0.9.x they skip, saying so
 import ggml_py as _gg                                                    # noqa: E402
 rpc_names = pytest.mark.skipif(
-    _gg._loader.old_rpc_api(),
+    _gg._features.old_rpc_api(),
     reason="the notebooks name RPC devices RPC0, RPC1: ggml's names since 0.10 (this build is "
            f"{_gg.ggml_version()}, whose RPC devices are named RPC[host:port])")
 

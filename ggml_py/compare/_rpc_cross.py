@@ -21,7 +21,8 @@ def main(server_folder: str) -> int:
 
     import ggml_py as gg
     from ggml_py._device import Device
-    from ggml_py._loader import backend_fn, ffi, lib, old_rpc_api
+    from ggml_py._features import old_rpc_api
+    from ggml_py._loader import backend_fn, ffi, lib
 
     def stage(name: str) -> None:
         print(f"stage {name}", flush=True)

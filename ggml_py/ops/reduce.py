@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import _features
 from .._loader import lib
-from ..errors import InvalidArgument, InvalidType, require
+from ..errors import InvalidType, require
 from ._common import build, contiguous, cpu_type, index_of, need, rows, tensor
 
 if TYPE_CHECKING:
@@ -81,10 +82,9 @@ def top_k(a: Tensor, k: int) -> Tensor:
     return out
 
 
-# before 0.10 ggml_top_k returned a strided view of a full argsort; ggml_py makes it contiguous,
-# as later releases' GGML_OP_TOP_K result is
-_TOP_K_IS_A_VIEW = not hasattr(lib, "GGML_OP_TOP_K")
+# without its own op, ggml_top_k returns a strided view of a full argsort; ggml_py makes it
+# contiguous, as the GGML_OP_TOP_K result is
+_TOP_K_IS_A_VIEW = not _features.TOP_K_OP
 
 
 __all__ = ["sum", "sum_rows", "mean", "argmax", "cumsum", "argsort", "top_k"]
-_ = InvalidArgument
