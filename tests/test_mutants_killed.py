@@ -1,0 +1,89 @@
+"""Refusals the mutation sample (docs/mutation.md, tools/mutants.py) showed no fast, in-process
+test asserted: each case removes one `require`/`rows` rule when its check is mutated away, and
+must then fail here (the wrong exception, or none). Most were covered only by the corpus, whose
+child process runs last and past the mutants' test cap."""
+import numpy as np
+import pytest
+
+import ggml_py as gg
+from ggml_py import opt
+
+
+@pytest.fixture
+def g():
+    ctx = gg.Context()
+    e = dict(
+        ctx=ctx,
+        rect=ctx.tensor(gg.f32, (4, 8), "rect"),
+        sq=ctx.tensor(gg.f32, (8, 8), "sq"),
+        h=ctx.tensor(gg.f16, (8, 8), "h"),
+        q=ctx.tensor(gg.q4_0, (4, 64), "q"),
+        a4=ctx.tensor(gg.f32, (2, 1, 4, 8), "a4"),
+        b4=ctx.tensor(gg.f32, (3, 1, 4, 8), "b4"),
+    )
+    yield e
+    ctx.close()
+
+
+# (exception, words in the message, the call)
+CASES = {
+    "backend params with NUL": (gg.InvalidArgument, "NUL", lambda e, cpu: cpu.backend(params="a\x00b")),
+    "from_numpy object array": (gg.InvalidType, "object", lambda e, cpu: e["ctx"].from_numpy(np.array([object()], dtype=object))),
+    "tensor over 2**62 bytes": (gg.OutOfMemory, "address", lambda e, cpu: e["ctx"].tensor(gg.f64, (2**29, 2**30))),
+    "shape over 2**60 elements": (gg.OutOfMemory, "address", lambda e, cpu: e["ctx"].tensor(gg.f32, (2**31, 2**31))),
+    "pool_2d of f16": (gg.InvalidType, "f32", lambda e, cpu: gg.pool_2d(e["h"], 2)),
+    "relu of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.relu(e["rect"].T)),
+    "sum of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.sum(e["rect"].T)),
+    "mean of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.mean(e["rect"].T)),
+    "cumsum of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.cumsum(e["rect"].T)),
+    "transpose quantized": (gg.InvalidType, "quantized", lambda e, cpu: gg.transpose(e["q"])),
+    "view strides for other axes": (gg.InvalidArgument, "strides", lambda e, cpu: gg.view(e["sq"], (8, 8), 0, (32,))),
+    "out_prod batch not a multiple": (gg.InvalidArgument, "multiples", lambda e, cpu: gg.out_prod(e["b4"], e["a4"])),
+    "flash_attn_ext batch differs": (gg.InvalidArgument, "batch", lambda e, cpu: gg.flash_attn_ext(
+        e["ctx"].tensor(gg.f32, (1, 2, 4, 64)), e["ctx"].tensor(gg.f16, (2, 2, 4, 64)),
+        e["ctx"].tensor(gg.f16, (2, 2, 4, 64)))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_refused_by_its_rule(g, cpu, case):
+    exc, words, call = CASES[case]
+    with pytest.raises(exc, match=words):
+        call(g, cpu)
+
+
+def test_numpy_copy_must_be_a_bool(cpu):
+    be = cpu.backend()
+    with gg.Context() as ctx:
+        t = ctx.from_numpy(np.arange(4, dtype=np.float32))
+        with pytest.raises(gg.InvalidType, match="copy"):
+            t.numpy(copy="yes")
+        ctx.alloc(be)
+        t.set(np.arange(4, dtype=np.float32))
+        assert t.numpy(copy=True).tolist() == [0, 1, 2, 3]
+    be.close()
+
+
+def test_scheduler_computes_only_graphs(cpu):
+    be = cpu.backend()
+    sched = gg.Scheduler([be])
+    with pytest.raises(gg.InvalidType, match="Graph"):
+        sched.compute("not a graph")
+    sched.close()
+    be.close()
+
+
+def test_optimizer_eps_must_not_be_negative(cpu):
+    be = cpu.backend()
+    ctx = gg.Context()
+    x = ctx.tensor(gg.f32, (16, 2), "x")
+    w = ctx.tensor(gg.f32, (3, 2), "w")
+    ctx.alloc(be)
+    w.set(np.ones((3, 2), np.float32))
+    trainer = opt.Optimizer(be, x, gg.mul_mat(w, x), [w])
+    trainer.set_hyperparameters(eps=1e-8)
+    with pytest.raises(gg.InvalidArgument, match="eps"):
+        trainer.set_hyperparameters(eps=-1.0)
+    trainer.close()
+    ctx.close()
+    be.close()
