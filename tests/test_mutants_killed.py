@@ -87,3 +87,16 @@ def test_optimizer_eps_must_not_be_negative(cpu):
     trainer.close()
     ctx.close()
     be.close()
+
+
+def test_values_read_from_ggml(cpu):
+    """Values ggml reports, each checked against what is known independently (a skipped call
+    gives 0, NULL or an empty name)."""
+    be = cpu.backend()
+    assert be.name == "CPU"
+    assert (gg.f32.type_size, gg.f16.type_size, gg.q4_0.type_size, gg.q4_0.block_size) == (4, 2, 18, 32)
+    with gg.Context() as ctx:
+        ctx.tensor(gg.f32, (4, 8))
+        ctx.tensor(gg.f32, (1, 8))
+        assert ctx.n_tensors() == 2
+    be.close()

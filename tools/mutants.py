@@ -557,6 +557,18 @@ def get_map(tests: list[str], fresh: bool) -> dict[str, Any]:
     return data
 
 
+def merge_maps(maps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One map of several (a later map's tests replace an earlier's of the same id)."""
+    out: dict[str, Any] = {"rc": 0, "durations": {}, "functions": defaultdict(set), "failed": []}
+    for m in maps:
+        out["durations"].update(m["durations"])
+        out["failed"] += m.get("failed", [])
+        for fn, tests in m["functions"].items():
+            out["functions"][fn].update(tests)
+    out["functions"] = {fn: sorted(ts) for fn, ts in out["functions"].items()}
+    return out
+
+
 # ---------------------------------------------------------------------------- running
 def _select(m: Mutant, tmap: dict[str, Any], cap: int) -> list[str]:
     """The mapped tests that call the mutant's function, the most targeted first (those that
@@ -773,7 +785,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-j", "--jobs", type=int, default=1, help="mutants run at once")
     p.add_argument("--tests", nargs="*", default=DEFAULT_TESTS)
     p.add_argument("--fresh-map", action="store_true")
-    p.add_argument("--map", type=Path, help="use this map file (as written by an earlier run) as it is")
+    p.add_argument("--map", type=Path, action="append",
+                   help="use this map file (as written by an earlier run) as it is; repeated: "
+                        "the maps are merged (e.g. the suite's map and one of a new test file)")
+    p.add_argument("--names", type=Path,
+                   help="only the mutants named in this file, one a line (e.g. the last run's "
+                        "survivors: --names <(jq -r '.[]|select(.outcome!=\"killed\").name' run.json))")
     p.add_argument("--min-kill", type=float, default=0.0,
                    help="exit 1 when killed / (mutants with tests) is below this percentage")
     p.add_argument("--json", type=Path, help="write every result here")
@@ -793,12 +810,20 @@ def main(argv: list[str] | None = None) -> int:
         mutants = [m for m in mutants if m.cls in args.classes]
     if args.sample:
         mutants = sample(mutants, args.sample, args.seed)
+    if args.names:
+        wanted = {ln.strip() for ln in args.names.read_text().splitlines() if ln.strip()}
+        gone = wanted - {m.name for m in mutants}
+        if gone:
+            print(f"{len(gone)} named mutants no longer exist (code changed): "
+                  + ", ".join(sorted(gone)[:5]), file=sys.stderr)
+        mutants = [m for m in mutants if m.name in wanted]
     if args.list:
         for m in mutants:
             print(m.name)
         print(f"{len(mutants)} mutants in {len({m.function for m in mutants})} functions", file=sys.stderr)
         return 0
-    tmap = json.loads(args.map.read_text()) if args.map else get_map(args.tests, args.fresh_map)
+    tmap = merge_maps([json.loads(m.read_text()) for m in args.map]) if args.map \
+        else get_map(args.tests, args.fresh_map)
     _warm(tmap)
     logdir = CACHE / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
