@@ -100,3 +100,57 @@ def test_values_read_from_ggml(cpu):
         ctx.tensor(gg.f32, (1, 8))
         assert ctx.n_tensors() == 2
     be.close()
+
+
+def test_buffer_type_support_read_from_ggml(cpu, rpc_devs):
+    be, rb = cpu.backend(), rpc_devs[0].backend()
+    try:
+        assert be.supports_buffer_type(cpu.buffer_type) is True
+        assert cpu.supports_buffer_type(cpu.buffer_type) is True
+        assert rb.supports_buffer_type(rpc_devs[0].buffer_type) is True
+        assert rpc_devs[0].supports_buffer_type(rpc_devs[0].buffer_type) is True
+        assert rpc_devs[0].supports_buffer_type(cpu.buffer_type) is False
+    finally:
+        be.close(); rb.close()
+
+
+def test_backend_supports_op_asks_its_device(cpu):
+    be = cpu.backend()
+    with gg.Context() as ctx:
+        a = ctx.tensor(gg.f32, (4, 8))
+        assert be.supports_op(a + a) is True
+        assert be.supports_op(a + a) == cpu.supports_op(a + a)
+    be.close()
+
+
+def test_status_check_maps_ggml_statuses():
+    from ggml_py import errors
+    assert errors.check(0, "x") == 0
+    with pytest.raises(gg.OutOfMemory):
+        errors.check(-2, "x")
+    with pytest.raises(gg.GGMLError):
+        errors.check(-1, "x")
+
+
+def test_records_left_without_helpers_matches_helpers():
+    from ggml_py import _context
+    from ggml_py._loader import lib
+    with gg.Context() as ctx:
+        ctx.tensor(gg.f32, (4,))
+        raw = ctx._raws()[-1]
+        left = _context._records_left_py(raw)
+        assert left > 0
+        if hasattr(lib, "ggml_py_room"):
+            assert left == int(lib.ggml_py_room(raw))
+
+
+def test_fill_bytes_writes_every_byte(cpu):
+    """The Vulkan path of Buffer.clear, called directly on CPU memory."""
+    be = cpu.backend()
+    with gg.Context() as ctx:
+        t = ctx.tensor(gg.i8, (64,)) if hasattr(gg, "i8") else ctx.tensor(gg.f32, (16,))
+        ctx.alloc(be)
+        t.buffer.clear(0)
+        t.buffer._fill_bytes(7)
+        assert set(t.numpy().view(np.uint8).tolist()) == {7}
+    be.close()
