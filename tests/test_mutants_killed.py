@@ -154,3 +154,14 @@ def test_fill_bytes_writes_every_byte(cpu):
         t.buffer._fill_bytes(7)
         assert set(t.numpy().view(np.uint8).tolist()) == {7}
     be.close()
+
+
+def test_wait_takes_only_events(cpu, rpc_devs):
+    """The argument's kind is checked before the device's capabilities (CPU has no events)."""
+    be, rb = cpu.backend(), rpc_devs[0].backend()
+    try:
+        for b in (be, rb):
+            with pytest.raises(gg.InvalidType, match="expected an Event"):
+                b.wait("not an event")
+    finally:
+        be.close(); rb.close()
