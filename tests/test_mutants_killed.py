@@ -165,3 +165,18 @@ def test_wait_takes_only_events(cpu, rpc_devs):
                 b.wait("not an event")
     finally:
         be.close(); rb.close()
+
+
+def test_buffer_usage_names_are_checked(cpu):
+    be = cpu.backend()
+    with gg.Context() as ctx:
+        t = ctx.tensor(gg.f32, (4,))
+        ctx.alloc(be)
+        buf = t.buffer
+        buf.usage = "weights"
+        assert buf.usage == "weights"
+        with pytest.raises(gg.InvalidArgument, match="usage must be one of"):
+            buf.usage = "bogus"
+        assert buf.usage == "weights"
+    be.close()
+

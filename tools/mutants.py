@@ -589,7 +589,7 @@ def _select(m: Mutant, tmap: dict[str, Any], cap: int) -> list[str]:
         if f == "test_corpus.py":
             return 3             # its module fixture runs the whole corpus (~30 s): last
         if f == "test_mutants_killed.py":
-            return 0             # written against the mutants: first, whatever the class
+            return -1            # written against the mutants: first, whatever the class
         if m.cls == "check" and f in REFUSAL_TESTS:
             return 0             # a removed rule: the refusal tests first
         return 1
