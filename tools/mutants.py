@@ -813,7 +813,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample:
         mutants = sample(mutants, args.sample, args.seed)
     if args.names:
-        wanted = {ln.strip() for ln in args.names.read_text().splitlines() if ln.strip()}
+        wanted = {ln.strip() for ln in args.names.read_text().splitlines()
+                  if ln.strip() and not ln.startswith("#")}
         gone = wanted - {m.name for m in mutants}
         if gone:
             print(f"{len(gone)} named mutants no longer exist (code changed; rename them in "
@@ -846,10 +847,14 @@ def main(argv: list[str] | None = None) -> int:
                 outcome, detail, s2 = run_one(m, tests, args.timeout, logdir)
                 secs += s2
         done[0] += 1
+        r = {"name": m.name, "module": m.module, "function": m.function, "cls": m.cls,
+             "outcome": outcome, "detail": detail, "tests": len(tests), "seconds": round(secs, 2)}
+        if args.json:            # one line per mutant as it ends: a run cut short still counts
+            with open(str(args.json) + ".partial", "a") as f:
+                f.write(json.dumps(r) + "\n")
         print(f"[{done[0]}/{len(mutants)}] {outcome:8s} {secs:5.1f}s {m.name}  "
               f"{detail if outcome != 'killed' else ''}", flush=True)
-        return {"name": m.name, "module": m.module, "function": m.function, "cls": m.cls,
-                "outcome": outcome, "detail": detail, "tests": len(tests), "seconds": round(secs, 2)}
+        return r
 
     # -j children at once: the parent's threads only fork and wait
     from concurrent.futures import ThreadPoolExecutor
