@@ -697,14 +697,14 @@ def _warm(tmap: dict[str, Any]) -> None:
             pass
 
 
-def sample(mutants: list[Mutant], n: int, seed: int) -> list[Mutant]:
+def sample(mutants: list[Mutant], n: int, seed: int, cover: bool = True) -> list[Mutant]:
     """At least one mutant of every function (so every function is reached), then seeded
     random others up to n."""
     rng = random.Random(seed)
     by_fn: dict[str, list[Mutant]] = defaultdict(list)
     for m in mutants:
         by_fn[m.function].append(m)
-    chosen = [rng.choice(ms) for _f, ms in sorted(by_fn.items())]
+    chosen = [rng.choice(ms) for _f, ms in sorted(by_fn.items())] if cover else []
     rest = [m for m in mutants if m not in chosen]
     rng.shuffle(rest)
     chosen += rest[: max(0, n - len(chosen))]
@@ -780,6 +780,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", type=int, default=0,
                    help="a seeded sample of this many mutants, at least one per function")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-cover", action="store_true",
+                   help="--sample draws N mutants at random, without one per function first "
+                        "(a small sample that fits CI's time)")
     p.add_argument("--cap", type=int, default=40, help="at most this many tests per mutant (fastest first; 0: all)")
     p.add_argument("--cap2", type=int, default=400,
                    help="a survivor of the first pass runs again on this many (0: all)")
@@ -811,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.classes:
         mutants = [m for m in mutants if m.cls in args.classes]
     if args.sample:
-        mutants = sample(mutants, args.sample, args.seed)
+        mutants = sample(mutants, args.sample, args.seed, cover=not args.no_cover)
     if args.names:
         wanted = {ln.strip() for ln in args.names.read_text().splitlines()
                   if ln.strip() and not ln.startswith("#")}
