@@ -180,3 +180,24 @@ def test_buffer_usage_names_are_checked(cpu):
         assert buf.usage == "weights"
     be.close()
 
+
+
+def test_loaded_tensors_carry_the_files_names(tmp_path):
+    from ggml_py import gguf
+    p = tmp_path / "n.gguf"
+    gguf.write(p, {"general.architecture": "x"},
+               {"blk.0.w": np.arange(6, dtype=np.float32).reshape(2, 3), "out": np.ones(4, np.float32)})
+    with gguf.read(p) as f:
+        for copy in (True, False):
+            ts = f.load(gg.device("CPU"), copy=copy)
+            assert {n: t.name for n, t in ts.items()} == {"blk.0.w": "blk.0.w", "out": "out"}
+            assert ts["blk.0.w"].numpy().tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_repack_buffer_type_refusal_names_the_default(cpu):
+    repack = [b for b in cpu.buffer_types if not b.holds_plain_bytes]
+    if not repack:
+        pytest.skip("this build's CPU has no repacking buffer type")
+    with pytest.raises(gg.UnsupportedError, match="use CPU's default buffer type"):
+        repack[0].require_plain_bytes("x")
+
