@@ -201,3 +201,16 @@ def test_repack_buffer_type_refusal_names_the_default(cpu):
     with pytest.raises(gg.UnsupportedError, match="use CPU's default buffer type"):
         repack[0].require_plain_bytes("x")
 
+
+
+def test_scheduler_refuses_a_backend_not_its_own(cpu):
+    be, other = cpu.backend(), cpu.backend()
+    try:
+        with gg.Context() as ctx, gg.Scheduler([be]) as sched:
+            a = ctx.tensor(gg.f32, (4,))
+            with pytest.raises(gg.InvalidArgument, match="not one of the scheduler's"):
+                sched.set_backend(a + a, other)
+            with pytest.raises(gg.InvalidArgument, match="not one of the scheduler's"):
+                sched.buffer_size(other)
+    finally:
+        be.close(); other.close()
