@@ -214,3 +214,18 @@ def test_scheduler_refuses_a_backend_not_its_own(cpu):
                 sched.buffer_size(other)
     finally:
         be.close(); other.close()
+
+
+def test_partial_get_reads_the_bytes_at_the_offset(cpu, rpc_devs):
+    """Backend.get into a smaller array at an offset (the partial path): the array starts as
+    NaN, unlike anything the tensor holds."""
+    for dev in (cpu, rpc_devs[0]):
+        be = dev.backend()
+        with gg.Context() as ctx:
+            t = ctx.tensor(gg.f32, (8,))
+            ctx.alloc(be)
+            t.set(np.arange(8, dtype=np.float32))
+            out = np.full(3, np.nan, np.float32)
+            be.get(t, out, offset=4 * 2)
+            assert out.tolist() == [2.0, 3.0, 4.0]
+        be.close()
