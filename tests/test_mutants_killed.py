@@ -31,6 +31,9 @@ CASES = {
     "from_numpy object array": (gg.InvalidType, "object", lambda e, cpu: e["ctx"].from_numpy(np.array([object()], dtype=object))),
     "tensor over 2**62 bytes": (gg.OutOfMemory, "address", lambda e, cpu: e["ctx"].tensor(gg.f64, (2**29, 2**30))),
     "shape over 2**60 elements": (gg.OutOfMemory, "address", lambda e, cpu: e["ctx"].tensor(gg.f32, (2**31, 2**31))),
+    "flash_attn_ext of a strided q": (gg.InvalidArgument, "strided", lambda e, cpu: gg.flash_attn_ext(
+        gg.transpose(e["ctx"].tensor(gg.f32, (1, 2, 64, 4))),
+        e["ctx"].tensor(gg.f16, (1, 2, 4, 64)), e["ctx"].tensor(gg.f16, (1, 2, 4, 64)))),
     "q4_0 row not whole blocks": (gg.InvalidArgument, "block size", lambda e, cpu: e["ctx"].tensor(gg.q4_0, (2, 48))),
     "pool_2d of f16": (gg.InvalidType, "f32", lambda e, cpu: gg.pool_2d(e["h"], 2)),
     "relu of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.relu(e["rect"].T)),
