@@ -233,3 +233,18 @@ def test_partial_get_reads_the_bytes_at_the_offset(cpu, rpc_devs):
             be.get(t, out, offset=4 * 2)
             assert out.tolist() == [2.0, 3.0, 4.0]
         be.close()
+
+
+def test_optimizer_refusals(cpu):
+    be = cpu.backend()
+    ctx = gg.Context()
+    x = ctx.tensor(gg.f32, (16, 2), "x")
+    w = ctx.tensor(gg.f32, (3, 2), "w")
+    ctx.alloc(be)
+    w.set(np.ones((3, 2), np.float32))
+    try:
+        with pytest.raises(gg.InvalidArgument, match="opt_period"):
+            opt.Optimizer(be, x, gg.mul_mat(w, x), [w], opt_period=0)
+    finally:
+        ctx.close()
+        be.close()
