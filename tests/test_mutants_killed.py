@@ -37,6 +37,7 @@ CASES = {
     "q4_0 row not whole blocks": (gg.InvalidArgument, "block size", lambda e, cpu: e["ctx"].tensor(gg.q4_0, (2, 48))),
     "pool_2d of f16": (gg.InvalidType, "f32", lambda e, cpu: gg.pool_2d(e["h"], 2)),
     "relu of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.relu(e["rect"].T)),
+    "norm of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.norm(e["rect"].T)),
     "sum of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.sum(e["rect"].T)),
     "mean of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.mean(e["rect"].T)),
     "cumsum of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.cumsum(e["rect"].T)),
