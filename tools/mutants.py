@@ -71,7 +71,7 @@ CLASSES = ("skip", "check", "swap")
 DEFAULT_TESTS = ["tests"]
 EXCLUDE_TESTS = ("test_mutations_listed.py", "test_install.py", "test_build_cli.py",
                  "test_build_flags.py", "test_releases.py", "test_readme.py", "test_notebook.py")
-REFUSAL_TESTS = {"test_bad_input.py", "test_generated.py", "test_fuzz.py", "test_checked.py",
+REFUSAL_TESTS = {"test_mutants_killed.py", "test_bad_input.py", "test_generated.py", "test_fuzz.py", "test_checked.py",
                  "test_ops.py", "test_gguf.py", "test_status.py"}
 CHECK_STMT = {"require", "rows", "contiguous", "blas_rows"}
 CHECK_WRAP = {"check", "check_status", "check_ptr"}
@@ -557,6 +557,18 @@ def get_map(tests: list[str], fresh: bool) -> dict[str, Any]:
     return data
 
 
+def merge_maps(maps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One map of several (a later map's tests replace an earlier's of the same id)."""
+    out: dict[str, Any] = {"rc": 0, "durations": {}, "functions": defaultdict(set), "failed": []}
+    for m in maps:
+        out["durations"].update(m["durations"])
+        out["failed"] += m.get("failed", [])
+        for fn, tests in m["functions"].items():
+            out["functions"][fn].update(tests)
+    out["functions"] = {fn: sorted(ts) for fn, ts in out["functions"].items()}
+    return out
+
+
 # ---------------------------------------------------------------------------- running
 def _select(m: Mutant, tmap: dict[str, Any], cap: int) -> list[str]:
     """The mapped tests that call the mutant's function, the most targeted first (those that
@@ -576,6 +588,8 @@ def _select(m: Mutant, tmap: dict[str, Any], cap: int) -> list[str]:
         f = t.split("::")[0].rsplit("/", 1)[-1]
         if f == "test_corpus.py":
             return 3             # its module fixture runs the whole corpus (~30 s): last
+        if f == "test_mutants_killed.py":
+            return -1            # written against the mutants: first, whatever the class
         if m.cls == "check" and f in REFUSAL_TESTS:
             return 0             # a removed rule: the refusal tests first
         return 1
@@ -683,14 +697,14 @@ def _warm(tmap: dict[str, Any]) -> None:
             pass
 
 
-def sample(mutants: list[Mutant], n: int, seed: int) -> list[Mutant]:
+def sample(mutants: list[Mutant], n: int, seed: int, cover: bool = True) -> list[Mutant]:
     """At least one mutant of every function (so every function is reached), then seeded
     random others up to n."""
     rng = random.Random(seed)
     by_fn: dict[str, list[Mutant]] = defaultdict(list)
     for m in mutants:
         by_fn[m.function].append(m)
-    chosen = [rng.choice(ms) for _f, ms in sorted(by_fn.items())]
+    chosen = [rng.choice(ms) for _f, ms in sorted(by_fn.items())] if cover else []
     rest = [m for m in mutants if m not in chosen]
     rng.shuffle(rest)
     chosen += rest[: max(0, n - len(chosen))]
@@ -766,6 +780,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", type=int, default=0,
                    help="a seeded sample of this many mutants, at least one per function")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-cover", action="store_true",
+                   help="--sample draws N mutants at random, without one per function first "
+                        "(a small sample that fits CI's time)")
     p.add_argument("--cap", type=int, default=40, help="at most this many tests per mutant (fastest first; 0: all)")
     p.add_argument("--cap2", type=int, default=400,
                    help="a survivor of the first pass runs again on this many (0: all)")
@@ -773,7 +790,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-j", "--jobs", type=int, default=1, help="mutants run at once")
     p.add_argument("--tests", nargs="*", default=DEFAULT_TESTS)
     p.add_argument("--fresh-map", action="store_true")
-    p.add_argument("--map", type=Path, help="use this map file (as written by an earlier run) as it is")
+    p.add_argument("--map", type=Path, action="append",
+                   help="use this map file (as written by an earlier run) as it is; repeated: "
+                        "the maps are merged (e.g. the suite's map and one of a new test file)")
+    p.add_argument("--names", type=Path,
+                   help="only the mutants named in this file, one a line (e.g. the last run's "
+                        "survivors: --names <(jq -r '.[]|select(.outcome!=\"killed\").name' run.json))")
     p.add_argument("--min-kill", type=float, default=0.0,
                    help="exit 1 when killed / (mutants with tests) is below this percentage")
     p.add_argument("--json", type=Path, help="write every result here")
@@ -792,13 +814,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.classes:
         mutants = [m for m in mutants if m.cls in args.classes]
     if args.sample:
-        mutants = sample(mutants, args.sample, args.seed)
+        mutants = sample(mutants, args.sample, args.seed, cover=not args.no_cover)
+    if args.names:
+        wanted = {ln.strip() for ln in args.names.read_text().splitlines()
+                  if ln.strip() and not ln.startswith("#")}
+        gone = wanted - {m.name for m in mutants}
+        if gone:
+            print(f"{len(gone)} named mutants no longer exist (code changed; rename them in "
+                  f"{args.names}): " + ", ".join(sorted(gone)[:5]), file=sys.stderr)
+            if args.min_kill and not args.list:
+                return 2         # a must-kill list that silently shrinks checks nothing
+        mutants = [m for m in mutants if m.name in wanted]
     if args.list:
         for m in mutants:
             print(m.name)
         print(f"{len(mutants)} mutants in {len({m.function for m in mutants})} functions", file=sys.stderr)
         return 0
-    tmap = json.loads(args.map.read_text()) if args.map else get_map(args.tests, args.fresh_map)
+    tmap = merge_maps([json.loads(m.read_text()) for m in args.map]) if args.map \
+        else get_map(args.tests, args.fresh_map)
     _warm(tmap)
     logdir = CACHE / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
@@ -817,10 +850,14 @@ def main(argv: list[str] | None = None) -> int:
                 outcome, detail, s2 = run_one(m, tests, args.timeout, logdir)
                 secs += s2
         done[0] += 1
+        r = {"name": m.name, "module": m.module, "function": m.function, "cls": m.cls,
+             "outcome": outcome, "detail": detail, "tests": len(tests), "seconds": round(secs, 2)}
+        if args.json:            # one line per mutant as it ends: a run cut short still counts
+            with open(str(args.json) + ".partial", "a") as f:
+                f.write(json.dumps(r) + "\n")
         print(f"[{done[0]}/{len(mutants)}] {outcome:8s} {secs:5.1f}s {m.name}  "
               f"{detail if outcome != 'killed' else ''}", flush=True)
-        return {"name": m.name, "module": m.module, "function": m.function, "cls": m.cls,
-                "outcome": outcome, "detail": detail, "tests": len(tests), "seconds": round(secs, 2)}
+        return r
 
     # -j children at once: the parent's threads only fork and wait
     from concurrent.futures import ThreadPoolExecutor

@@ -1,0 +1,251 @@
+"""Refusals the mutation sample (docs/mutation.md, tools/mutants.py) showed no fast, in-process
+test asserted: each case removes one `require`/`rows` rule when its check is mutated away, and
+must then fail here (the wrong exception, or none). Most were covered only by the corpus, whose
+child process runs last and past the mutants' test cap."""
+import numpy as np
+import pytest
+
+import ggml_py as gg
+from ggml_py import opt
+
+
+@pytest.fixture
+def g():
+    ctx = gg.Context()
+    e = dict(
+        ctx=ctx,
+        rect=ctx.tensor(gg.f32, (4, 8), "rect"),
+        sq=ctx.tensor(gg.f32, (8, 8), "sq"),
+        h=ctx.tensor(gg.f16, (8, 8), "h"),
+        q=ctx.tensor(gg.q4_0, (4, 64), "q"),
+        a4=ctx.tensor(gg.f32, (2, 1, 4, 8), "a4"),
+        b4=ctx.tensor(gg.f32, (3, 1, 4, 8), "b4"),
+    )
+    yield e
+    ctx.close()
+
+
+# (exception, words in the message, the call)
+CASES = {
+    "backend params with NUL": (gg.InvalidArgument, "NUL", lambda e, cpu: cpu.backend(params="a\x00b")),
+    "from_numpy object array": (gg.InvalidType, "object", lambda e, cpu: e["ctx"].from_numpy(np.array([object()], dtype=object))),
+    "tensor over 2**62 bytes": (gg.OutOfMemory, "address", lambda e, cpu: e["ctx"].tensor(gg.f64, (2**29, 2**30))),
+    "shape over 2**60 elements": (gg.OutOfMemory, "address", lambda e, cpu: e["ctx"].tensor(gg.f32, (2**31, 2**31))),
+    "flash_attn_ext of a strided q": (gg.InvalidArgument, "strided", lambda e, cpu: gg.flash_attn_ext(
+        gg.transpose(e["ctx"].tensor(gg.f32, (1, 2, 64, 4))),
+        e["ctx"].tensor(gg.f16, (1, 2, 4, 64)), e["ctx"].tensor(gg.f16, (1, 2, 4, 64)))),
+    "q4_0 row not whole blocks": (gg.InvalidArgument, "block size", lambda e, cpu: e["ctx"].tensor(gg.q4_0, (2, 48))),
+    "pool_2d of f16": (gg.InvalidType, "f32", lambda e, cpu: gg.pool_2d(e["h"], 2)),
+    "relu of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.relu(e["rect"].T)),
+    "norm of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.norm(e["rect"].T)),
+    "sum of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.sum(e["rect"].T)),
+    "mean of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.mean(e["rect"].T)),
+    "cumsum of a transposed view": (gg.InvalidArgument, "strided", lambda e, cpu: gg.cumsum(e["rect"].T)),
+    "transpose quantized": (gg.InvalidType, "quantized", lambda e, cpu: gg.transpose(e["q"])),
+    "view strides for other axes": (gg.InvalidArgument, "strides", lambda e, cpu: gg.view(e["sq"], (8, 8), 0, (32,))),
+    "out_prod batch not a multiple": (gg.InvalidArgument, "multiples", lambda e, cpu: gg.out_prod(e["b4"], e["a4"])),
+    "flash_attn_ext batch differs": (gg.InvalidArgument, "batch", lambda e, cpu: gg.flash_attn_ext(
+        e["ctx"].tensor(gg.f32, (1, 2, 4, 64)), e["ctx"].tensor(gg.f16, (2, 2, 4, 64)),
+        e["ctx"].tensor(gg.f16, (2, 2, 4, 64)))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_refused_by_its_rule(g, cpu, case):
+    exc, words, call = CASES[case]
+    with pytest.raises(exc, match=words):
+        call(g, cpu)
+
+
+def test_numpy_copy_must_be_a_bool(cpu):
+    be = cpu.backend()
+    with gg.Context() as ctx:
+        t = ctx.from_numpy(np.arange(4, dtype=np.float32))
+        with pytest.raises(gg.InvalidType, match="copy"):
+            t.numpy(copy="yes")
+        ctx.alloc(be)
+        t.set(np.arange(4, dtype=np.float32))
+        assert t.numpy(copy=True).tolist() == [0, 1, 2, 3]
+    be.close()
+
+
+def test_scheduler_computes_only_graphs(cpu):
+    be = cpu.backend()
+    sched = gg.Scheduler([be])
+    with pytest.raises(gg.InvalidType, match="Graph"):
+        sched.compute("not a graph")
+    sched.close()
+    be.close()
+
+
+def test_optimizer_eps_must_not_be_negative(cpu):
+    be = cpu.backend()
+    ctx = gg.Context()
+    x = ctx.tensor(gg.f32, (16, 2), "x")
+    w = ctx.tensor(gg.f32, (3, 2), "w")
+    ctx.alloc(be)
+    w.set(np.ones((3, 2), np.float32))
+    trainer = opt.Optimizer(be, x, gg.mul_mat(w, x), [w])
+    trainer.set_hyperparameters(eps=1e-8)
+    with pytest.raises(gg.InvalidArgument, match="eps"):
+        trainer.set_hyperparameters(eps=-1.0)
+    trainer.close()
+    ctx.close()
+    be.close()
+
+
+def test_values_read_from_ggml(cpu):
+    """Values ggml reports, each checked against what is known independently (a skipped call
+    gives 0, NULL or an empty name)."""
+    be = cpu.backend()
+    assert be.name == "CPU"
+    assert (gg.f32.type_size, gg.f16.type_size, gg.q4_0.type_size, gg.q4_0.block_size) == (4, 2, 18, 32)
+    with gg.Context() as ctx:
+        ctx.tensor(gg.f32, (4, 8))
+        ctx.tensor(gg.f32, (1, 8))
+        assert ctx.n_tensors() == 2
+    be.close()
+
+
+def test_buffer_type_support_read_from_ggml(cpu, rpc_devs):
+    be, rb = cpu.backend(), rpc_devs[0].backend()
+    try:
+        assert be.supports_buffer_type(cpu.buffer_type) is True
+        assert cpu.supports_buffer_type(cpu.buffer_type) is True
+        assert rb.supports_buffer_type(rpc_devs[0].buffer_type) is True
+        assert rpc_devs[0].supports_buffer_type(rpc_devs[0].buffer_type) is True
+        assert rpc_devs[0].supports_buffer_type(cpu.buffer_type) is False
+    finally:
+        be.close(); rb.close()
+
+
+def test_backend_supports_op_asks_its_device(cpu):
+    be = cpu.backend()
+    with gg.Context() as ctx:
+        a = ctx.tensor(gg.f32, (4, 8))
+        assert be.supports_op(a + a) is True
+        assert be.supports_op(a + a) == cpu.supports_op(a + a)
+    be.close()
+
+
+def test_status_check_maps_ggml_statuses():
+    from ggml_py import errors
+    assert errors.check(0, "x") == 0
+    with pytest.raises(gg.OutOfMemory):
+        errors.check(-2, "x")
+    with pytest.raises(gg.GGMLError):
+        errors.check(-1, "x")
+
+
+def test_records_left_without_helpers_matches_helpers():
+    from ggml_py import _context
+    from ggml_py._loader import lib
+    with gg.Context() as ctx:
+        ctx.tensor(gg.f32, (4,))
+        raw = ctx._raws()[-1]
+        left = _context._records_left_py(raw)
+        assert left > 0
+        if hasattr(lib, "ggml_py_room"):
+            assert left == int(lib.ggml_py_room(raw))
+
+
+def test_fill_bytes_writes_every_byte(cpu):
+    """The Vulkan path of Buffer.clear, called directly on CPU memory."""
+    be = cpu.backend()
+    with gg.Context() as ctx:
+        t = ctx.tensor(gg.i8, (64,)) if hasattr(gg, "i8") else ctx.tensor(gg.f32, (16,))
+        ctx.alloc(be)
+        t.buffer.clear(0)
+        t.buffer._fill_bytes(7)
+        assert set(t.numpy().view(np.uint8).tolist()) == {7}
+    be.close()
+
+
+def test_wait_takes_only_events(cpu, rpc_devs):
+    """The argument's kind is checked before the device's capabilities (CPU has no events)."""
+    be, rb = cpu.backend(), rpc_devs[0].backend()
+    try:
+        for b in (be, rb):
+            with pytest.raises(gg.InvalidType, match="expected an Event"):
+                b.wait("not an event")
+    finally:
+        be.close(); rb.close()
+
+
+def test_buffer_usage_names_are_checked(cpu):
+    be = cpu.backend()
+    with gg.Context() as ctx:
+        t = ctx.tensor(gg.f32, (4,))
+        ctx.alloc(be)
+        buf = t.buffer
+        buf.usage = "weights"
+        assert buf.usage == "weights"
+        with pytest.raises(gg.InvalidArgument, match="usage must be one of"):
+            buf.usage = "bogus"
+        assert buf.usage == "weights"
+    be.close()
+
+
+
+def test_loaded_tensors_carry_the_files_names(tmp_path):
+    from ggml_py import gguf
+    p = tmp_path / "n.gguf"
+    gguf.write(p, {"general.architecture": "x"},
+               {"blk.0.w": np.arange(6, dtype=np.float32).reshape(2, 3), "out": np.ones(4, np.float32)})
+    with gguf.read(p) as f:
+        for copy in (True, False):
+            ts = f.load(gg.device("CPU"), copy=copy)
+            assert {n: t.name for n, t in ts.items()} == {"blk.0.w": "blk.0.w", "out": "out"}
+            assert ts["blk.0.w"].numpy().tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_repack_buffer_type_refusal_names_the_default(cpu):
+    repack = [b for b in cpu.buffer_types if not b.holds_plain_bytes]
+    if not repack:
+        pytest.skip("this build's CPU has no repacking buffer type")
+    with pytest.raises(gg.UnsupportedError, match="use CPU's default buffer type"):
+        repack[0].require_plain_bytes("x")
+
+
+
+def test_scheduler_refuses_a_backend_not_its_own(cpu):
+    be, other = cpu.backend(), cpu.backend()
+    try:
+        with gg.Context() as ctx, gg.Scheduler([be]) as sched:
+            a = ctx.tensor(gg.f32, (4,))
+            with pytest.raises(gg.InvalidArgument, match="not one of the scheduler's"):
+                sched.set_backend(a + a, other)
+            with pytest.raises(gg.InvalidArgument, match="not one of the scheduler's"):
+                sched.buffer_size(other)
+    finally:
+        be.close(); other.close()
+
+
+def test_partial_get_reads_the_bytes_at_the_offset(cpu, rpc_devs):
+    """Backend.get into a smaller array at an offset (the partial path): the array starts as
+    NaN, unlike anything the tensor holds."""
+    for dev in (cpu, rpc_devs[0]):
+        be = dev.backend()
+        with gg.Context() as ctx:
+            t = ctx.tensor(gg.f32, (8,))
+            ctx.alloc(be)
+            t.set(np.arange(8, dtype=np.float32))
+            out = np.full(3, np.nan, np.float32)
+            be.get(t, out, offset=4 * 2)
+            assert out.tolist() == [2.0, 3.0, 4.0]
+        be.close()
+
+
+def test_optimizer_refusals(cpu):
+    be = cpu.backend()
+    ctx = gg.Context()
+    x = ctx.tensor(gg.f32, (16, 2), "x")
+    w = ctx.tensor(gg.f32, (3, 2), "w")
+    ctx.alloc(be)
+    w.set(np.ones((3, 2), np.float32))
+    try:
+        with pytest.raises(gg.InvalidArgument, match="opt_period"):
+            opt.Optimizer(be, x, gg.mul_mat(w, x), [w], opt_period=0)
+    finally:
+        ctx.close()
+        be.close()
