@@ -130,11 +130,12 @@ def test_backend_supports_op_asks_its_device(cpu):
 
 def test_status_check_maps_ggml_statuses():
     from ggml_py import errors
-    assert errors.check(0, "x") == 0
-    with pytest.raises(gg.OutOfMemory):
-        errors.check(-2, "x")
-    with pytest.raises(gg.GGMLError):
-        errors.check(-1, "x")
+    assert errors.check_status(0, "x") is None
+    with pytest.raises(gg.OutOfMemory, match="x failed: .*status -2"):
+        errors.check_status(-2, "x")           # GGML_STATUS_ALLOC_FAILED
+    with pytest.raises(gg.GGMLError, match="x failed: .*status -1") as e:
+        errors.check_status(-1, "x")           # GGML_STATUS_FAILED
+    assert not isinstance(e.value, gg.OutOfMemory)
 
 
 def test_records_left_without_helpers_matches_helpers():

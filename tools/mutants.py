@@ -112,7 +112,7 @@ def _ctypes() -> dict[str, Any]:
 def _lib_name(node: ast.expr, aliases: dict[str, str]) -> str | None:
     """`lib.ggml_x` -> ggml_x; a name bound to one -> its C name."""
     if isinstance(node, ast.Attribute) and (
-            (isinstance(node.value, ast.Name) and node.value.id == "lib")
+            (isinstance(node.value, ast.Name) and node.value.id in ("lib", "_lib"))
             or (isinstance(node.value, ast.Attribute) and node.value.attr == "lib")):   # gg.lib.x
         return node.attr if node.attr.startswith(("ggml_", "gguf_")) else None
     if isinstance(node, ast.Name):
