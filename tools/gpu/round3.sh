@@ -67,8 +67,9 @@ mutate)
     export GGML_PY_BUILD=$(folder)
     for m in "" record wait synchronize copy; do
         echo "== mutation: ${m:-none}"
-        GGML_PY_MUTATE=$m timeout 150 "${PY[@]}" -p tools.mutate_events -q -rfEs \
-            tests/test_metal.py 2>&1 | grep -Ev '^\s*$' | tail -14
+        GGML_PY_MUTATE=$m timeout 150 "${PY[@]}" -p tools.mutate_events -q -rA \
+            tests/test_metal.py 2>&1 | grep -E '^(PASSED|FAILED|ERROR)| in [0-9.]+s|rror' \
+            | cut -c1-220
     done > "$OUT/mutate.txt" 2>&1
     cat "$OUT/mutate.txt"
     ;;
