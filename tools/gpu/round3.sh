@@ -90,7 +90,7 @@ meta)
     ;;
 gpu)
     export GGML_PY_BUILD=$(folder)
-    timeout 420 "${PY[@]}" -q -rfEs -m "not slow" --durations=10 tests/test_accelerators.py \
+    timeout "${GPU_TIMEOUT:-420}" "${PY[@]}" -q -rfEs -m "not slow" --durations=10 tests/test_accelerators.py \
         tests/test_multi_gpu.py tests/test_copy.py tests/test_event.py tests/test_dlpack.py \
         tests/test_crash_classes.py > "$OUT/gpu.log" 2>&1
     echo "exit $?" >> "$OUT/gpu.log"
