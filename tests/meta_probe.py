@@ -84,7 +84,7 @@ def _child(cases, devices):
                 except gg.GGMLError as e:
                     verdict = f"refused: {e}"
                 if os.environ.get("META_PROBE_DEBUG"):
-                    print(_meta.split_states(g, be), st, out.shape, flush=True)
+                    print(_meta.split_states(g, be), out.shape, flush=True)
                 print(json.dumps({"plan": i, "verdict": verdict}), flush=True)
                 if verdict != "accepted":
                     # the plan refused it: what does ggml do? (the raw path, no checks)

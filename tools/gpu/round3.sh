@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The round-3 GPU checks (event/copy mutations on the CUDA pair, tensor parallelism, the
+# GPU-relevant tests, the copy_async no-op mutant), in phases that fit the device tool's
+# 10-minute calls. Made here by tools/gpu/pack_wt.sh, run there from the session checkout:
+#
+#   run(command="bash .gpu-wt/repo/tools/gpu/round3.sh build mutate", carry=[".gpu-wt"])
+#   run(command="bash .gpu-wt/repo/tools/gpu/round3.sh meta gpu copymut", carry=[".gpu-wt"])
+#
+# The packed tree is copied to /root/wt (cp -a keeps mtimes: a warm machine's build in
+# /root/wt/build and /root/wt/ggml_py/lib is kept and ninja finds nothing to do).
+#
+# build    build_ggml.py --backends cpu,rpc,cuda --cuda-arch 90, device list
+# mutate   tests/test_metal.py under tools/mutate_events.py's modes (none record wait
+#          synchronize copy) on CUDA0/CUDA1
+# meta     tests/test_meta.py, test_meta_combos.py, test_meta_release.py, notebook 07,
+#          benchmarks/bench_meta.py --cuda
+# gpu      test_accelerators, test_multi_gpu, test_copy, test_event, test_dlpack,
+#          test_crash_classes (-m "not slow")
+# copymut  the copy_async no-op mutant of tools/mutants.py on the copy tests
+#
+# $OUT gets one log per phase (env.txt, build.log, mutate.txt, meta.log, bench.txt, gpu.log,
+# copymut.log).
+set -u
+PACK=$(cd "$(dirname "$0")/../.." && pwd)          # .gpu-wt/repo of the carried folder
+NBWHL=$(dirname "$PACK")/nbwhl
+W=/root/wt
+OUT=${OUT:-/tmp/gpu-out}
+REL=${RELEASE:-0.26.0}
+mkdir -p "$OUT" "$W"
+cp -a "$PACK/." "$W/"
+cd "$W"
+export PYTHONUNBUFFERED=1 GGML_CUDA_DEVICES=${GGML_CUDA_DEVICES:-2}
+if [ ! -e /tmp/site/cffi ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$W
+# the notebook's needs, behind the image's packages: a .pth appends to sys.path
+if [ -d "$NBWHL" ] && [ ! -e /tmp/nbsite ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target /tmp/nbsite "$NBWHL"/*.whl >/dev/null 2>&1
+    sp=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+    echo /tmp/nbsite > "$sp/zz_ggml_py_nbsite.pth"
+fi
+PY=(python3 -m pytest -p ggml_py.pytest_plugin -p no:cacheprovider -p no:randomly)
+python3 -c 'import pytest_timeout' 2>/dev/null && PY+=(--timeout=300)
+folder() { ls -d ggml_py/lib/ggml-"$REL"-cpu-rpc-cuda90* 2>/dev/null | head -1; }
+
+for PHASE in "$@"; do
+t0=$SECONDS
+case $PHASE in
+build)
+    {
+        date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+        nvcc --version | tail -1; python3 --version; nproc
+        python3 -c 'import cffi, numpy; print("cffi", cffi.__version__, "numpy", numpy.__version__)'
+        python3 -c 'import nbclient, ipykernel, matplotlib; print("notebook deps ok", matplotlib.__version__)'
+        python3 -c 'import pytest, pytest_timeout; print("pytest", pytest.__version__, "timeout ok")'
+    } > "$OUT/env.txt" 2>&1
+    python3 build_ggml.py --ggml "$REL" --backends cpu,rpc,cuda --cuda-arch 90 -j "$(nproc)" \
+        > "$OUT/build.log" 2>&1
+    echo "build_ggml.py exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/build.log"
+    GGML_PY_BUILD=$(folder) python3 -m ggml_py >> "$OUT/env.txt" 2>&1
+    cat "$OUT/env.txt"
+    ;;
+mutate)
+    export GGML_PY_BUILD=$(folder)
+    for m in "" record wait synchronize copy; do
+        echo "== mutation: ${m:-none}"
+        GGML_PY_MUTATE=$m timeout 150 "${PY[@]}" -p tools.mutate_events -q -rA \
+            tests/test_metal.py 2>&1 | grep -E '^(PASSED|FAILED|ERROR)| in [0-9.]+s|rror' \
+            | cut -c1-220
+    done > "$OUT/mutate.txt" 2>&1
+    cat "$OUT/mutate.txt"
+    ;;
+meta)
+    export GGML_PY_BUILD=$(folder)
+    {
+        echo "== tests/test_meta.py test_meta_combos.py test_meta_release.py"
+        timeout 300 "${PY[@]}" -q -rfEs --durations=8 tests/test_meta.py \
+            tests/test_meta_combos.py tests/test_meta_release.py 2>&1 | tail -40
+        echo "== notebook 07"
+        timeout 200 "${PY[@]}" -q -rfEs tests/test_notebook.py -k 07 2>&1 | tail -30
+    } > "$OUT/meta.log" 2>&1
+    cat "$OUT/meta.log"
+    (cd benchmarks && nvidia-smi --query-gpu=name --format=csv,noheader &&
+        timeout 200 python3 bench_meta.py --cuda) > "$OUT/bench.txt" 2>&1
+    echo "bench exit $?" >> "$OUT/bench.txt"
+    cat "$OUT/bench.txt"
+    ;;
+gpu)
+    export GGML_PY_BUILD=$(folder)
+    timeout "${GPU_TIMEOUT:-420}" "${PY[@]}" -q -rfEs -m "not slow" --durations=10 tests/test_accelerators.py \
+        tests/test_multi_gpu.py tests/test_copy.py tests/test_event.py tests/test_dlpack.py \
+        tests/test_crash_classes.py > "$OUT/gpu.log" 2>&1
+    echo "exit $?" >> "$OUT/gpu.log"
+    tail -40 "$OUT/gpu.log"
+    ;;
+copymut)
+    export GGML_PY_BUILD=$(folder)
+    M=ggml_py._transfer:copy_async:skip:ggml_backend_tensor_copy_async#1
+    {
+        python3 -c 'import sys; sys.path.insert(0, "tools"); import mutants; mutants._write_site()'
+        echo "== unmutated, then GGML_PY_MUTANT=$M"
+        for mut in "" "$M"; do
+            echo "-- mutant: ${mut:-none}"
+            GGML_PY_MUTANT=$mut GGML_PY_MUTANT_TOOL=$W/tools/mutants.py \
+                PYTHONPATH=$W/.mutants/site:$PYTHONPATH timeout 200 "${PY[@]}" -q -rfE \
+                tests/test_copy.py tests/test_accelerators.py tests/test_metal.py \
+                -k "copy" 2>&1 | grep -Ev '^\s*$' | tail -30
+        done
+    } > "$OUT/copymut.log" 2>&1
+    cat "$OUT/copymut.log"
+    ;;
+*) echo "unknown phase $PHASE"; exit 2 ;;
+esac
+echo "## phase $PHASE: $((SECONDS - t0)) s (total ${SECONDS} s)"
+done
