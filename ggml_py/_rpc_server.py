@@ -44,8 +44,59 @@ def _parser(max_threads: int) -> argparse.ArgumentParser:
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --host (exposes the devices to the network; "
                         "default: refused)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also log each client connection accepted and closed (ggml's server "
+                        "prints them; they are debug-level chatter, hidden by default)")
     p.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)
     return p
+
+
+# the lines ggml's server prints (printf) for every client session: debug-level chatter
+_CHATTER = ("Accepted client connection", "Client connection closed")
+
+
+def _route_printf_output() -> None:
+    """ggml's RPC server writes with printf on the C library's stdout: a banner when it
+    starts, then a line per client connection accepted and one per connection closed (five
+    pairs for one client session). Point fd 1 at a pipe (line-buffered, so each line comes when
+    printed) and read it in a thread: the banner goes to the real stdout, the connection lines
+    to the logger ``ggml.rpc`` at DEBUG level (shown with ``--verbose``). Python's own
+    ``print`` keeps the real stdout. Where the C library's stdout cannot be found, nothing is
+    changed."""
+    import ctypes
+    import logging
+    libc = ctypes.CDLL(None)
+    stream = None
+    for symbol in ("stdout", "__stdoutp"):        # glibc, macOS
+        try:
+            stream = ctypes.c_void_p.in_dll(libc, symbol)
+            break
+        except ValueError:
+            continue
+    if stream is None or not hasattr(libc, "setvbuf"):
+        return
+    sys.stdout.flush()
+    real = os.dup(1)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 1)
+    os.close(write_end)
+    libc.setvbuf.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t]
+    libc.setvbuf(stream, None, 1, 0)            # _IOLBF (1 in glibc and macOS)
+    sys.stdout = os.fdopen(real, "w", buffering=1)
+    log = logging.getLogger("ggml.rpc")
+
+    def pump() -> None:
+        with os.fdopen(read_end, "r", errors="replace") as lines:
+            for line in lines:            # drained to the end: a full pipe would stall ggml
+                text = line.rstrip("\n")
+                try:
+                    if text.startswith(_CHATTER):
+                        log.debug(text)
+                    else:
+                        print(text, file=sys.stdout, flush=True)
+                except Exception:         # (stdout closed: keep draining)
+                    pass
+    threading.Thread(target=pump, daemon=True, name="ggml-rpc-stdout").start()
 
 
 def _watch_parent(parent: int) -> None:
@@ -129,6 +180,11 @@ def main(argv: list[str]) -> int:
     if start is None:
         print("rpc-server: this build has no RPC server", file=sys.stderr)
         return 1
+    if args.parent is None:       # (serve()'s children print to nowhere: nothing to route)
+        import logging
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                            format="%(name)s: %(message)s")
+        _route_printf_output()
     sys.stdout.flush()
     # the C call releases the GIL and never returns while it serves
     server = threading.Thread(target=start, daemon=True, args=call_args)

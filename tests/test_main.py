@@ -1,6 +1,8 @@
 """The main job and the README's first example."""
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +100,51 @@ def test_rpc_server_ctrl_c_exits_quietly_with_130():
         p.kill()
     assert p.returncode == 130
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def _serve_one_client(*options):
+    """Start `python -m ggml_py rpc-server` with `options`, run one client session against it
+    from another process, stop it with Ctrl-C: (stdout, stderr) of the server."""
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, "-m", "ggml_py", "rpc-server", "--port", str(port),
+                          *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()
+                time.sleep(0.1)
+        client = subprocess.run(
+            [sys.executable, "-c", "import ggml_py as gg; (d,) = gg.rpc.connect("
+             f"'127.0.0.1:{port}').devices; print(d.name, d.memory[1] > 0)"],
+            capture_output=True, text=True, timeout=120)
+        assert client.returncode == 0 and "True" in client.stdout, client.stderr
+        time.sleep(0.5)                 # the server's last lines
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    return out, err
+
+
+def test_rpc_server_connection_chatter_is_debug_level():
+    """ggml's server prints a line per connection accepted and closed (printf): the CLI shows
+    its banner, and the connection lines only with --verbose (logger ggml.rpc, DEBUG)."""
+    out, err = _serve_one_client()
+    assert "Starting RPC server" in out, out
+    assert "Accepted client connection" not in out + err
+    out, err = _serve_one_client("--verbose")
+    assert "Starting RPC server" in out
+    assert "Accepted client connection" not in out
+    assert "ggml.rpc: Accepted client connection" in err, err
+    assert "ggml.rpc: Client connection closed" in err
 
 
 def test_ggml_commit_is_the_trees_own():
