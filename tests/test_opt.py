@@ -198,3 +198,32 @@ def test_training_on_an_rpc_device(rpc_devs, rng):
         assert not m.W1.is_host                    # the parameters stayed on the server
         trainer.close()
         m.ctx.close()
+
+
+def test_evaluate_reports_what_numpy_computes(cpu_backend, rng):
+    """The loss, its uncertainty, the accuracy and the count of an evaluation, each against
+    numpy on the same parameters (a swap of the loss and its uncertainty, or of accuracy and
+    its uncertainty, in the result's reading fails here)."""
+    X, y = blobs(rng)
+    labels = np.eye(3, dtype=np.float32)[y]
+    data = opt.Dataset(X, labels)
+    m = Model(cpu_backend, rng)
+    trainer = opt.Optimizer(cpu_backend, m.x, m.logits, m.params, lr=0.02)
+    r = trainer.evaluate(data)
+    # evaluation runs the data in order, 16 per batch: ggml's loss is the mean of the batches'
+    # mean cross entropy, its uncertainty the standard error of that mean
+    h = np.maximum(X @ m.W1.numpy().T + m.b1.numpy(), 0)
+    logits = (h @ m.W2.numpy().T).astype(np.float64)
+    logp = logits - logits.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    per_batch = (-(labels * logp).sum(1)).reshape(-1, 16).mean(1)
+    assert r.ndata == len(y)
+    assert r.loss == pytest.approx(per_batch.mean(), rel=1e-4)
+    assert r.loss_unc == pytest.approx(per_batch.std(ddof=1) / np.sqrt(len(per_batch)), rel=1e-3)
+    hits = logits.argmax(1) == y
+    assert r.accuracy == pytest.approx(hits.mean(), abs=1e-9)
+    assert r.accuracy_unc == pytest.approx(np.sqrt(hits.mean() * (1 - hits.mean())
+                                                   / (len(y) - 1)), rel=1e-3)
+    trainer.close()
+    data.close()
+    m.ctx.close()

@@ -423,6 +423,8 @@ def install_hook(name: str) -> None:
         apply(m)
         return
 
+    done: list[bool] = []          # applied (once: by whichever of the two comes first)
+
     class Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
             if fullname != module:
@@ -436,12 +438,32 @@ def install_hook(name: str) -> None:
 
             def exec_module(mod: Any) -> None:
                 orig(mod)
-                found = next(x for x in discover() if x.name == name)
-                apply(found)
+                if not done:
+                    done.append(True)
+                    apply(next(x for x in discover() if x.name == name))
             loader.exec_module = exec_module      # type: ignore[method-assign]
             return spec
 
     sys.meta_path.insert(0, Finder())
+
+    # A finder put before this one takes the import from it: pytest's assertion rewriter does
+    # for every module of a package that registers a pytest plugin (ggml_py does), so a
+    # `python -m pytest` child imported the package unmutated. So also look after every import
+    # statement until the module has finished executing, and apply the mutant then.
+    real_import = builtins.__import__
+
+    def watching_import(*args: Any, **kwargs: Any) -> Any:
+        result = real_import(*args, **kwargs)
+        mod = sys.modules.get(module)
+        if done or mod is None or getattr(getattr(mod, "__spec__", None), "_initializing", False):
+            if done and builtins.__import__ is watching_import:
+                builtins.__import__ = real_import
+            return result
+        done.append(True)
+        builtins.__import__ = real_import
+        apply(next(x for x in discover() if x.name == name))
+        return result
+    builtins.__import__ = watching_import
 
 
 # ---------------------------------------------------------------------------- the test map
