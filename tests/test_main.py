@@ -76,6 +76,14 @@ def test_rpc_server_bad_options_are_refused():
     assert r.returncode == 2 and "--allow-remote" in r.stderr
 
 
+def _interruptible():
+    """In the server child, before exec: SIGINT at its default. A shell without job control
+    starts background commands with SIGINT ignored, children inherit that, and Python then
+    installs no KeyboardInterrupt handler: the suite run from such a job (the mutation tool's
+    map, `cmd &` in a script) saw the server ignore Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_rpc_server_ctrl_c_exits_quietly_with_130():
     import signal
     import socket
@@ -84,7 +92,8 @@ def test_rpc_server_ctrl_c_exits_quietly_with_130():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     p = subprocess.Popen([sys.executable, "-m", "ggml_py", "rpc-server", "--port", str(port)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_interruptible)
     try:
         deadline = time.monotonic() + 60
         while True:     # serving once it accepts a connection
@@ -110,7 +119,8 @@ def _serve_one_client(*options):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     p = subprocess.Popen([sys.executable, "-m", "ggml_py", "rpc-server", "--port", str(port),
-                          *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_interruptible)
     try:
         deadline = time.monotonic() + 60
         while True:
