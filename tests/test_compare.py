@@ -454,3 +454,23 @@ def test_speed_flags_only_beyond_the_bootstrap_interval_and_labels_fit_the_plot(
             assert x - extent >= 0, text
         elif anchor == "start":
             assert x + extent <= width + 0.5 * extent, text   # (estimate: room to spare)
+
+
+def test_a_cell_that_kills_its_rpc_server_keeps_the_rule(tmp_path):
+    """rms_norm and scale of f16 and q8_0 on RPC0: the server dies in the kernel. RPC computes
+    are queued, so the worker meets the dead server either inside ggml's client (the worker
+    aborts; the parent keeps the rule it printed) or at ggml_py's liveness check when it reads
+    the result (an RPCError; the worker reports the crash itself). The second path dropped the
+    rule column (a CI run under load: None where the committed report says "refused")."""
+    out = tmp_path / "rpc.json"
+    build = str(gg.BUILD_DIR)
+    r = compare(build, build, "--ops", "rms_norm,scale", "--types", "f16,q8_0", "--devices",
+                "RPC0", "--rounds", "0", "--format", "json", "-o", str(out), timeout=600)
+    rep = json.loads(out.read_text())
+    cells = [x for x in rep["ops"] if x["device"] == "RPC0"]
+    assert len(cells) == 4
+    for cell in cells:
+        for side in ("a", "b"):
+            assert cell[side]["status"] == "crash", cell
+            assert cell[side]["rule"] == "refused" and cell["op"] in cell[side]["rule_error"], cell
+    assert r.returncode == 0

@@ -121,14 +121,6 @@ def rule_of(gg, case, type_name: str) -> dict:
     return {"rule": "allowed"}
 
 
-def run_cell(gg, dev, backend, op: str, type_name: str) -> dict:
-    case = BY_OP[op]
-    rule = rule_of(gg, case, type_name)
-    print(f"rule {json.dumps(rule)}", flush=True)     # (kept by the parent if the cell aborts)
-    res = _run_cell(gg, dev, backend, case, type_name)
-    return {**res, **rule}
-
-
 def _run_cell(gg, dev, backend, case, type_name: str) -> dict:
     op = case.op
     rng = np.random.default_rng(seed(op, type_name))
@@ -189,22 +181,27 @@ def ops_main(cells_path: str, start: int) -> int:
             msg = gg.ffi.new("char[]", f"abort requested at {abort_at}".encode())
             gg.lib.ggml_abort(b"compare", 0, b"%s", msg)
         dev = devs.get(dname)
+        rule: dict = {}
         if dev is None:
             res = {"status": "absent"}
         else:
             try:
                 if dname not in backends:
                     backends[dname] = dev.backend()
-                res = run_cell(gg, dev, backends[dname], op, ty)
+                case = BY_OP[op]
+                rule = rule_of(gg, case, ty)
+                print(f"rule {json.dumps(rule)}", flush=True)   # (kept by the parent on abort)
+                res = {**_run_cell(gg, dev, backends[dname], case, ty), **rule}
             except gg.GGMLError as e:     # e.g. the device refused the buffer
-                res = {"status": "error", "error": f"{type(e).__name__}: {e}"}
+                res = {"status": "error", "error": f"{type(e).__name__}: {e}", **rule}
         if server is not None and dname.startswith("RPC") and not server.alive:
             # the server died in this cell (ggml_py's client raised instead of aborting): a
-            # crash of this cell; a new worker with a new server takes the next one
+            # crash of this cell, with ggml_py's rule for it as when the worker itself aborts;
+            # a new worker with a new server takes the next one
             err = server.proc.stderr.read().decode(errors="replace") if server.proc.stderr else ""
             tail = " | ".join(ln for ln in err.splitlines() if ln.strip())[-400:]
-            print(f"= {i} {json.dumps({'status': 'crash', 'error': f'the RPC server died: {tail}'})}",
-                  flush=True)
+            crash = {"status": "crash", "error": f"the RPC server died: {tail}", **rule}
+            print(f"= {i} {json.dumps(crash)}", flush=True)
             return 0
         print(f"= {i} {json.dumps(res)}", flush=True)
     for be in backends.values():
