@@ -59,6 +59,11 @@ class _GraphMemory(Owned):
             super().close()
 
 
+# ops that only describe a layout over their source's memory: computing them writes nothing
+_LAYOUT_OPS = frozenset(int(getattr(lib, f"GGML_OP_{n}")) for n in
+                        ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"))
+
+
 def _addr(p: Any) -> int:
     return int(ffi.cast("uintptr_t", p))
 
@@ -258,12 +263,20 @@ class Graph(Placer):
 
     def written_addresses(self) -> set[int]:
         """The addresses (raw ``struct ggml_tensor *``) of the tensors a compute writes: its
-        nodes, and the tensors its view nodes write into (``cpy``'s destination, an in-place
-        op's or ``set_rows``' target), whose memory those nodes share."""
+        nodes that compute something, and the tensors those of them that are views write into
+        (``cpy``'s destination, an in-place op's or ``set_rows``' target). A reshape, view,
+        permute or transpose node computes nothing: it reads as written when the tensor it
+        views does (see _written), not because its graph ran."""
         self.walk()
         if self._written is None:
-            self._written = set(self._node_set)
-            self._written.update(_addr(t.view_src) for t in self._nodes or () if t.view_src)
+            written: set[int] = set()
+            for t in self._nodes or ():
+                if int(t.op) in _LAYOUT_OPS:
+                    continue
+                written.add(_addr(t))
+                if t.view_src:
+                    written.add(_addr(t.view_src))
+            self._written = written
         return self._written
 
     def _require_open(self) -> None:

@@ -99,3 +99,24 @@ def test_the_target_an_op_writes_into_reads_once_computed(be, op, asynchronous):
         be.compute(g)
     want = 2 * x if op == "cpy" else 2 * x[[1, 0]]
     np.testing.assert_array_equal(dst.numpy(), want)
+
+
+@pytest.mark.parametrize("layout", ["reshape", "view", "permute", "transpose"])
+def test_a_layout_node_does_not_write_what_it_views(be, layout):
+    """Computing a graph whose node is only a reshape/view/permute/transpose of a tensor no one
+    wrote writes nothing: both still raise (they read the raw buffer otherwise)."""
+    ctx = gg.Context()
+    t = ctx.tensor(gg.f32, (2, 3), "t")
+    ctx.alloc(be)
+    node = {"reshape": lambda: t.reshape((3, 2)), "view": lambda: gg.view(t, (3,)),
+            "permute": lambda: gg.permute(t, (1, 0)), "transpose": lambda: gg.transpose(t)}[layout]()
+    try:
+        be.compute(gg.Graph(node))
+    except gg.GGMLError:
+        pytest.skip(f"a graph of one {layout} node is refused here")
+    with pytest.raises(gg.UnwrittenError):
+        t.numpy()
+    with pytest.raises(gg.UnwrittenError):
+        node.numpy()
+    t.set(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert node.numpy().size == (3 if layout == "view" else 6)   # its source holds values now
