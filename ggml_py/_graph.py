@@ -133,7 +133,6 @@ class Graph(Placer):
         self._index_inputs: list[tuple[Any, int, str]] | None = None
         self._nodes: list[Any] | None = None    # the walk (see walk())
         self._leafs: list[Any] = []
-        self._node_set: set[Any] = set()
         self._written: set[int] | None = None
         self.scheduler: Any = None          # the scheduler that placed it last, if any
         contexts: dict[int, Context] = {}
@@ -258,7 +257,6 @@ class Graph(Placer):
             if fresh:
                 return _entries(nodes, leafs)
             self._nodes, self._leafs = nodes, leafs
-            self._node_set = keys
         return _entries(self._nodes, self._leafs)
 
     def written_addresses(self) -> set[int]:

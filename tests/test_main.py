@@ -84,25 +84,31 @@ def _interruptible():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_rpc_server_ctrl_c_exits_quietly_with_130():
-    import signal
-    import socket
+def _start_server(*options):
+    """`python -m ggml_py rpc-server` on a free port with `options`, once it accepts a
+    connection: (process, port)."""
     import time
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    p = subprocess.Popen([sys.executable, "-m", "ggml_py", "rpc-server", "--port", str(port)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    p = subprocess.Popen([sys.executable, "-m", "ggml_py", "rpc-server", "--port", str(port),
+                          *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=_interruptible)
+    deadline = time.monotonic() + 60
+    while True:     # serving once it accepts a connection
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return p, port
+        except OSError:
+            if p.poll() is not None or time.monotonic() >= deadline:
+                p.kill()
+                raise AssertionError(f"the server did not start: {p.communicate()[1]}")
+            time.sleep(0.1)
+
+
+def test_rpc_server_ctrl_c_exits_quietly_with_130():
+    p, _ = _start_server()
     try:
-        deadline = time.monotonic() + 60
-        while True:     # serving once it accepts a connection
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()
-                time.sleep(0.1)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=30)
     finally:
@@ -115,21 +121,8 @@ def _serve_one_client(*options):
     """Start `python -m ggml_py rpc-server` with `options`, run one client session against it
     from another process, stop it with Ctrl-C: (stdout, stderr) of the server."""
     import time
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = subprocess.Popen([sys.executable, "-m", "ggml_py", "rpc-server", "--port", str(port),
-                          *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=_interruptible)
+    p, port = _start_server(*options)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()
-                time.sleep(0.1)
         client = subprocess.run(
             [sys.executable, "-c", "import ggml_py as gg; (d,) = gg.rpc.connect("
              f"'127.0.0.1:{port}').devices; print(d.name, d.memory[1] > 0)"],

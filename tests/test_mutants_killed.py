@@ -78,20 +78,27 @@ def test_scheduler_computes_only_graphs(cpu):
     be.close()
 
 
-def test_optimizer_eps_must_not_be_negative(cpu):
+@pytest.fixture
+def one_layer(cpu):
+    """(backend, context, inputs x, weight w) of a one-matmul model on the CPU."""
     be = cpu.backend()
     ctx = gg.Context()
     x = ctx.tensor(gg.f32, (16, 2), "x")
     w = ctx.tensor(gg.f32, (3, 2), "w")
     ctx.alloc(be)
     w.set(np.ones((3, 2), np.float32))
+    yield be, ctx, x, w
+    ctx.close()
+    be.close()
+
+
+def test_optimizer_eps_must_not_be_negative(one_layer):
+    be, ctx, x, w = one_layer
     trainer = opt.Optimizer(be, x, gg.mul_mat(w, x), [w])
     trainer.set_hyperparameters(eps=1e-8)
     with pytest.raises(gg.InvalidArgument, match="eps"):
         trainer.set_hyperparameters(eps=-1.0)
     trainer.close()
-    ctx.close()
-    be.close()
 
 
 def test_values_read_from_ggml(cpu):
@@ -237,16 +244,7 @@ def test_partial_get_reads_the_bytes_at_the_offset(cpu, rpc_devs):
         be.close()
 
 
-def test_optimizer_refusals(cpu):
-    be = cpu.backend()
-    ctx = gg.Context()
-    x = ctx.tensor(gg.f32, (16, 2), "x")
-    w = ctx.tensor(gg.f32, (3, 2), "w")
-    ctx.alloc(be)
-    w.set(np.ones((3, 2), np.float32))
-    try:
-        with pytest.raises(gg.InvalidArgument, match="opt_period"):
-            opt.Optimizer(be, x, gg.mul_mat(w, x), [w], opt_period=0)
-    finally:
-        ctx.close()
-        be.close()
+def test_optimizer_refusals(one_layer):
+    be, ctx, x, w = one_layer
+    with pytest.raises(gg.InvalidArgument, match="opt_period"):
+        opt.Optimizer(be, x, gg.mul_mat(w, x), [w], opt_period=0)
