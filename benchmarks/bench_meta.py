@@ -9,7 +9,14 @@ in the same run:
           With one physical GPU this measures the meta backend's overhead (the goal: <= 1.10x).
 
 Each prints which all-reduce the meta backend has (the parts' registry's
-ggml_backend_comm_allreduce_tensor, or ggml's generic fallback).
+ggml_backend_comm_allreduce_tensor, or ggml's generic fallback). --cuda also separates the
+all-reduce from the compute, in the same run:
+
+  - the same stack with GGML_CUDA_ALLREDUCE=none at the meta backend's creation (CUDA's comm
+    declines every tensor, so the meta backend's generic butterfly of device copies and adds
+    runs instead of CUDA's internal all-reduce, which stages through pinned host memory);
+  - "no all-reduce": each layer's column-parallel half alone (relu(W1 x), W1 split on its
+    output rows, outputs left split), against the same graph on one device.
 
     python benchmarks/bench_meta.py --rpc [--layers 4 --width 512 --tokens 32]
     GGML_CUDA_DEVICES=2 python benchmarks/bench_meta.py --cuda [--layers 16 --width 8192]
@@ -62,6 +69,28 @@ def timed(be, layers, width, tokens, dtype, w1, w2, x0, repeat):
             y.numpy(copy=True)
         sec = best(once, repeat=repeat, warmup=2)
         return sec, y.numpy(copy=True), t_set
+
+
+def timed_columns(be, layers, width, tokens, dtype, w1, x0, repeat):
+    """relu(W1_i x) for every layer, all graph outputs, nothing reduced: the split matmuls'
+    compute without an all-reduce (read back: one output)."""
+    with gg.Context() as ctx:
+        ws = [ctx.tensor(dtype, (width, width), f"w1_{i}") for i in range(layers)]
+        x = ctx.tensor(gg.f32, (tokens, width), "x")
+        ctx.alloc(be)
+        for w in ws:
+            w.set(w1)
+        x.set(x0)
+        hs = [gg.relu(gg.mul_mat(w, x)) for w in ws]
+        g = gg.Graph(hs)
+        def once():
+            be.compute(g)
+            be.synchronize()
+        return best(once, repeat=repeat, warmup=2)
+
+
+def columns_split(layers):
+    return {f"w1_{i}": gg.Split(axis=0) for i in range(layers)}
 
 
 def nmse(a, b):
@@ -128,6 +157,30 @@ def run_cuda(args):
            f"  {flop / one / 1e12:.0f} TFLOP/s")
     report(f"meta over {len(cuda)} virtual devices", meta, one, args.layers,
            f"  {flop / meta / 1e12:.0f} TFLOP/s; NMSE vs one device {nmse(got, ref):.1e}")
+    if args.variants:
+        # comm_init reads GGML_CUDA_ALLREDUCE when the meta backend is created
+        old = os.environ.get("GGML_CUDA_ALLREDUCE")
+        os.environ["GGML_CUDA_ALLREDUCE"] = "none"
+        try:
+            with md.backend() as be:
+                fly, got2, _ = timed(be, args.layers, args.width, args.tokens, gg.f16, w1, w2,
+                                     x0, args.repeat)
+        finally:
+            if old is None:
+                del os.environ["GGML_CUDA_ALLREDUCE"]
+            else:
+                os.environ["GGML_CUDA_ALLREDUCE"] = old
+        report("meta, GGML_CUDA_ALLREDUCE=none", fly, one, args.layers,
+               f"  {flop / fly / 1e12:.0f} TFLOP/s; NMSE {nmse(got2, ref):.1e} (butterfly)")
+        with cuda[0].backend() as be:
+            c1 = timed_columns(be, args.layers, args.width, args.tokens, gg.f16, w1, x0,
+                               args.repeat)
+        mc = gg.meta_device(cuda, columns_split(args.layers))
+        with mc.backend() as be:
+            cm = timed_columns(be, args.layers, args.width, args.tokens, gg.f16, w1, x0,
+                               args.repeat)
+        report("no all-reduce: one device", c1, c1, args.layers, "  (relu(W1 x) per layer)")
+        report(f"no all-reduce: meta over {len(cuda)}", cm, c1, args.layers)
     print(f"weights set: {t1:.2f} s on one device, {t2:.2f} s split; bytes per all-reduce: "
           f"{args.tokens * args.width * 4}")
     return 0
@@ -141,6 +194,8 @@ def main():
     ap.add_argument("--width", type=int)
     ap.add_argument("--tokens", type=int)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--no-variants", dest="variants", action="store_false",
+                    help="--cuda: only the stack on one device and on the meta device")
     a = ap.parse_args()
     if a.cuda:
         a.layers, a.width, a.tokens = a.layers or 16, a.width or 8192, a.tokens or 512

@@ -5,7 +5,11 @@ first consumer; an edge that skips rows passes through a narrow placeholder in e
 crosses, so every edge runs between rows or beside boxes, never through one. Rows are ordered
 by the barycenters of their neighbours and boxes pulled toward them. With a scheduler that
 placed the graph, boxes take the colour of the backend they ran on; the copies the scheduler
-made (named ``<backend>#<source>#<n>`` by ggml) are drawn dashed, linked to their source.
+made (named ``<backend>#<source>#<n>`` by ggml) are drawn dashed, linked to their source. On a
+meta device each box shows where its tensor lives, in the devices' colours: a tensor split on
+its last axis (numpy's columns) in vertical stripes, split on another axis in horizontal bands,
+each as wide as that device's slice; a partial sum in equal stripes with a dotted border (each
+device holds a share of a sum); a mirrored one (every device holds all of it) in grey.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1", "#e
            "#9c755f", "#ff9da7", "#bab0ac"]
 FILLS = ["#dce6f2", "#fde5cc", "#dcefd8", "#f9d9da", "#e0f1ef", "#ece0ea", "#fbf3d0",
          "#ebe2dc", "#ffe9ed", "#eeebea"]
+MIRRORED_FILL = "#ececec"   # a meta device's mirrored tensors: every device holds all of it
 VIEW_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
 _ids = itertools.count()
 _T = TypeVar("_T")
@@ -116,6 +121,33 @@ def _placement(graph: Any, scheduler: Any
         if b is not None:
             placed[t] = labels.get(b.name, b.name)
     return placed, (list(dict.fromkeys(labels.values())) if placed else []), copies
+
+
+def _meta_placement(graph: Any) -> tuple[list[str], dict[Any, tuple[str, list[int], str]]]:
+    """([part names], {tensor: (kind, elements per part, state name)}) for a graph over a
+    meta device (kind: "columns" or "rows" for a split on ggml axis 0 or another one,
+    "partial" or "mirrored"); empty for other graphs and for
+    graphs the meta backend refuses (the picture then shows no placement)."""
+    from . import _meta, _split
+    tensors = graph.nodes + graph.leafs
+    dev = next((m for m in (_safe(lambda: _meta.meta_of_tensor(t)) for t in graph.outputs)
+                if m is not None), None)
+    if dev is None:
+        return [], {}
+    planner = _meta._Planner(dev.n_parts)
+    out: dict[Any, tuple[str, list[int], str]] = {}
+    for t in tensors:
+        st = _safe(lambda: planner.state(t.ptr, False))
+        if st is None or st.axis == _split.UNKNOWN:
+            return [], {}
+        if st.split:
+            out[t] = ("columns" if st.axis == 0 else "rows", st.per_device(dev.n_parts),
+                      f"split {st.name(t.ndim)}")
+        elif st.axis == _split.PARTIAL:
+            out[t] = ("partial", [1] * dev.n_parts, "partial sums")
+        else:
+            out[t] = ("mirrored", [1] * dev.n_parts, "mirrored")
+    return [d.name for d in dev.parts], out
 
 
 def _layers(n_nodes: int, n_all: int, edges: list[Edge], copied: dict[int, str]
@@ -225,18 +257,25 @@ def _graph_svg(graph: Any, scheduler: Any) -> str:
              if s != ffi.NULL and _addr(s) in vid]
     outputs = {vid.get(_addr(o.ptr)) for o in getattr(graph, "outputs", [])}
     by_tensor, backends, copies_t = _placement(graph, scheduler)
+    parts, meta_t = ([], {}) if by_tensor else _meta_placement(graph)
+    meta = {v: meta_t[t] for v, t in enumerate(tensors) if t in meta_t}
+    if meta:
+        backends = parts
     placed = {v: by_tensor[t] for v, t in enumerate(tensors) if t in by_tensor}
     copies = {v: copies_t[t] for v, t in enumerate(tensors) if t in copies_t}
     color = {b: i % len(PALETTE) for i, b in enumerate(backends)}
 
     labels = [_label(t, is_node[v]) for v, t in enumerate(tensors)]
+    for v, (_, _, state) in meta.items():
+        labels[v].append(state)
     copy_src = _copy_sources(copies, placed, [t.name for t in tensors])
     copy_edges = {(src, c) for c, src in copy_src.items()}
     edges += sorted(copy_edges, key=lambda e: labels[e[1]])
     layer = _layers(n_nodes, n_all, edges, copies)
     for v, src in copies.items():
         labels[v] = [f"copy of {src}", f"to {placed[v]}", labels[v][-1]]
-    char_w, box_h, row_gap = 6.8, 46, 36
+    char_w, row_gap = 6.8, 36
+    box_h = 46 if max((len(lb) for lb in labels), default=0) <= 3 else 58
     width = {v: min(220, max(92, 14 + char_w * max(len(s) for s in labels[v])))
              for v in range(n_all)}
 
@@ -271,7 +310,8 @@ def _graph_svg(graph: Any, scheduler: Any) -> str:
     legend_h = 22 if backends else 0
     top = margin + legend_h
     y = {v: top + layer[v] * (box_h + row_gap) for v in x}
-    total_w = max([x[v] + width[v] / 2 for v in x] + [260]) + margin
+    total_w = max([x[v] + width[v] / 2 for v in x] + [260, 130 * len(backends) + 150 * bool(meta)]) \
+        + margin
     total_h = top + n_rows * (box_h + row_gap) - row_gap + margin
 
     mid = f"arrow{next(_ids)}"
@@ -286,6 +326,11 @@ def _graph_svg(graph: Any, scheduler: Any) -> str:
         out.append(f'<rect x="{lx}" y="{margin - 6}" width="14" height="12" rx="2" '
                    f'fill="{FILLS[color[name]]}" stroke="{PALETTE[color[name]]}" stroke-width="2"/>'
                    f'<text x="{lx + 20}" y="{margin + 4}">{_e(_clip(name, 15))}</text>')
+    if meta:
+        lx = margin + len(backends) * 130
+        out.append(f'<rect x="{lx}" y="{margin - 6}" width="14" height="12" rx="2" '
+                   f'fill="{MIRRORED_FILL}" stroke="#888" stroke-width="1"/>'
+                   f'<text x="{lx + 20}" y="{margin + 4}">mirrored (on each)</text>')
 
     # edges: enter each box at its own spot along the top, in the order of the sources' x
     entry: dict[int, float] = {}
@@ -327,12 +372,20 @@ def _graph_svg(graph: Any, scheduler: Any) -> str:
         left = x[t] - width[t] / 2
         tip = f"{' / '.join(labels[t])}" + (f" on {where}" if where else "")
         dash = ' stroke-dasharray="4 3"' if t in copies else ""
-        out.append(f'<g><title>{_e(tip)}</title><rect x="{left:.1f}" y="{y[t]:.1f}" '
-                   f'width="{width[t]:.1f}" height="{box_h}" rx="{4 if is_node[t] else 12}" '
+        rx = 4 if is_node[t] else 12
+        out.append(f'<g><title>{_e(tip)}</title>')
+        if t in meta:
+            fill = "none"
+            kind, shares, _ = meta[t]
+            out.append(_stripes(left, y[t], width[t], box_h, rx, kind, shares))
+            if kind == "partial":
+                dash = ' stroke-dasharray="2 2"'
+        out.append(f'<rect x="{left:.1f}" y="{y[t]:.1f}" '
+                   f'width="{width[t]:.1f}" height="{box_h}" rx="{rx}" '
                    f'fill="{fill}" stroke="{stroke}" stroke-width="{3 if bold else 1.2}"{dash}/>')
         lines = labels[t]
         n_chars = int((width[t] - 10) / char_w)
-        y0 = y[t] + (15 if len(lines) == 3 else 20)
+        y0 = y[t] + {1: 27, 2: 20, 3: 15}.get(len(lines), 14)
         for i, line in enumerate(lines):
             weight = ' font-weight="bold"' if i == 0 else ' fill="#444"'
             out.append(f'<text x="{x[t]:.1f}" y="{y0 + i * 13:.1f}" text-anchor="middle"'
@@ -340,6 +393,34 @@ def _graph_svg(graph: Any, scheduler: Any) -> str:
         out.append("</g>")
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _stripes(left: float, top: float, w: float, h: float, rx: int, kind: str,
+             shares: list[int]) -> str:
+    """The inside of a meta tensor's box, clipped to it: a stripe (columns, partial) or a
+    band (rows) per device holding part of the tensor, as wide as its share, in its device's
+    colour (the legend's); a mirrored tensor in grey."""
+    cid = f"clip{next(_ids)}"
+    out = [f'<clipPath id="{cid}"><rect x="{left:.1f}" y="{top:.1f}" width="{w:.1f}" '
+           f'height="{h}" rx="{rx}"/></clipPath><g clip-path="url(#{cid})">']
+    if kind == "mirrored":
+        out.append(f'<rect class="mirrored" x="{left:.1f}" y="{top:.1f}" width="{w:.1f}" '
+                   f'height="{h}" fill="{MIRRORED_FILL}"/>')
+    total, pos = sum(shares), 0.0
+    for j, share in enumerate(shares if kind != "mirrored" and total else ()):
+        colour = FILLS[j % len(FILLS)]
+        if kind == "rows":
+            bh = h * share / total
+            out.append(f'<rect class="part{j}" x="{left:.1f}" y="{top + pos:.1f}" '
+                       f'width="{w:.1f}" height="{bh:.1f}" fill="{colour}"/>')
+            pos += bh
+        else:
+            sw = w * share / total
+            out.append(f'<rect class="part{j}" x="{left + pos:.1f}" y="{top:.1f}" '
+                       f'width="{sw:.1f}" height="{h}" fill="{colour}"/>')
+            pos += sw
+    out.append("</g>")
+    return "".join(out)
 
 
 def _svg_message(text: str) -> str:

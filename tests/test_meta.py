@@ -300,6 +300,79 @@ def test_display_shows_where_each_slice_lives(parts):
         assert f"{parts[1].name}: <code>[3:6, :]</code>" in html
 
 
+def _svg_boxes(svg):
+    """[(tooltip, the box's outline, [(class, x, y, w, h, fill) of the fills inside it])]."""
+    import xml.etree.ElementTree as ET
+    ns = "{http://www.w3.org/2000/svg}"
+    out = []
+    for g in ET.fromstring(svg).iter(ns + "g"):
+        title = g.find(ns + "title")
+        if title is None:
+            continue
+        rects = list(g.iter(ns + "rect"))
+        fills = [(r.get("class"), *(float(r.get(k)) for k in ("x", "y", "width", "height")),
+                  r.get("fill")) for r in rects if r.get("class")]
+        out.append((title.text, [r for r in rects if not r.get("class")][-1], fills))
+    return out
+
+
+def test_graph_picture_shows_where_each_tensor_lives(parts):
+    """The graph SVG of a meta graph: each box in its devices' colours, as wide as each
+    device's slice (rows as bands, columns as stripes), partial sums dotted, mirrored grey."""
+    from ggml_py import _display_graph as DG
+    md = gg.meta_device(parts, {"w1": gg.Split(axis=0, sizes=[2, 4]),
+                                "w2": gg.Split(axis=1, sizes=[2, 4])})
+    with md.backend() as be, gg.Context() as ctx:
+        w1 = ctx.tensor(gg.f32, (6, 8), "w1")
+        w2 = ctx.tensor(gg.f32, (8, 6), "w2")
+        x = ctx.tensor(gg.f32, (4, 8), "x")
+        ctx.alloc(be)
+        h = gg.relu(gg.mul_mat(w1, x))
+        h.name = "h"
+        p = gg.mul_mat(w2, h)
+        p.name = "p"
+        y = gg.add(x, p)
+        y.name = "y"
+        svg = DG.graph_svg(gg.Graph(y))
+    boxes = {tip.split(" / ")[0] if tip.split(" / ")[0] in ("w1", "w2", "x")
+             else tip.split(" / ")[1]: (outline, fills) for tip, outline, fills in _svg_boxes(svg)}
+    assert {"w1", "w2", "x", "h", "p", "y"} <= set(boxes)
+    for name in (parts[0].name, parts[1].name, "mirrored (on each)"):
+        assert f">{name}<" in svg                                   # the legend
+    _, f = boxes["w1"]                     # numpy axis 0 (rows): bands of 2 and 4 rows
+    assert [c for c, *_ in f] == ["part0", "part1"]
+    assert f[0][2] < f[1][2] and f[1][4] == pytest.approx(2 * f[0][4], abs=0.2)
+    assert f[0][3] == f[1][3]
+    assert [r[5] for r in f] == DG.FILLS[:2]                        # the legend's colours
+    for name in ("w2", "h"):               # the last axis (columns): stripes of 2 and 4
+        _, f = boxes[name]
+        assert [c for c, *_ in f] == ["part0", "part1"], name
+        assert f[1][3] == pytest.approx(2 * f[0][3], abs=0.2) and f[0][4] == f[1][4]
+    outline, f = boxes["p"]                # W2 h: each device holds a share of a sum
+    assert outline.get("stroke-dasharray") == "2 2" and len(f) == 2
+    for name in ("x", "y"):                # mirrored; y is reduced, on each device
+        outline, f = boxes[name]
+        assert [c for c, *_ in f] == ["mirrored"] and outline.get("stroke-dasharray") is None
+        assert f[0][5] == DG.MIRRORED_FILL
+    assert ">partial sums<" in svg and ">mirrored<" in svg
+
+
+def test_graph_picture_of_a_refused_meta_graph_shows_no_placement(parts):
+    md = gg.meta_device(parts, {"w1": gg.Split(axis=0, sizes=[2, 4]),
+                                "w2": gg.Split(axis=1, sizes=[3, 3])})    # slices disagree
+    from ggml_py import _display_graph as DG
+    with md.backend() as be, gg.Context() as ctx:
+        w1 = ctx.tensor(gg.f32, (6, 8), "w1")
+        w2 = ctx.tensor(gg.f32, (8, 6), "w2")
+        x = ctx.tensor(gg.f32, (4, 8), "x")
+        ctx.alloc(be)
+        g = gg.Graph(gg.mul_mat(w2, gg.mul_mat(w1, x)))
+        svg = DG.graph_svg(g)
+        assert 'class="part' not in svg and "mirrored (on each)" not in svg
+        with pytest.raises(gg.InvalidArgument):
+            be.compute(g)
+
+
 def test_scheduler_refuses_a_meta_backend(parts):
     with gg.meta_device(parts, {}).backend() as be, gg.device("CPU").backend() as cpu:
         with pytest.raises(gg.UnsupportedError, match="meta device's backend"):

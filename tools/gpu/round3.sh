@@ -12,14 +12,17 @@
 # build    build_ggml.py --backends cpu,rpc,cuda --cuda-arch 90, device list
 # mutate   tests/test_metal.py under tools/mutate_events.py's modes (none record wait
 #          synchronize copy) on CUDA0/CUDA1
-# meta     tests/test_meta.py, test_meta_combos.py, test_meta_release.py, notebook 07,
-#          benchmarks/bench_meta.py --cuda
+# meta     metatests, then bench
+# metatests tests/test_meta.py, test_meta_combos.py, test_meta_release.py, notebook 07
+# bench    benchmarks/bench_meta.py --cuda over 2 and 4 virtual devices (512 tokens), and 2
+#          devices at 4096 tokens
+# mutcuda  tools/mutants.py: the async/event mutants against the CUDA tests
 # gpu      test_accelerators, test_multi_gpu, test_copy, test_event, test_dlpack,
 #          test_crash_classes (-m "not slow")
 # copymut  the copy_async no-op mutant of tools/mutants.py on the copy tests
 #
 # $OUT gets one log per phase (env.txt, build.log, mutate.txt, meta.log, bench.txt, gpu.log,
-# copymut.log).
+# copymut.log, mutcuda.log/.md/.json).
 set -u
 PACK=$(cd "$(dirname "$0")/../.." && pwd)          # .gpu-wt/repo of the carried folder
 NBWHL=$(dirname "$PACK")/nbwhl
@@ -73,7 +76,7 @@ mutate)
     done > "$OUT/mutate.txt" 2>&1
     cat "$OUT/mutate.txt"
     ;;
-meta)
+meta|metatests)
     export GGML_PY_BUILD=$(folder)
     {
         echo "== tests/test_meta.py test_meta_combos.py test_meta_release.py"
@@ -83,10 +86,33 @@ meta)
         timeout 200 "${PY[@]}" -q -rfEs tests/test_notebook.py -k 07 2>&1 | tail -30
     } > "$OUT/meta.log" 2>&1
     cat "$OUT/meta.log"
+    [ "$PHASE" = meta ] && bash "$0" bench
+    ;;
+bench)
+    export GGML_PY_BUILD=$(folder)
     (cd benchmarks && nvidia-smi --query-gpu=name --format=csv,noheader &&
-        timeout 200 python3 bench_meta.py --cuda) > "$OUT/bench.txt" 2>&1
-    echo "bench exit $?" >> "$OUT/bench.txt"
+        for n in 2 4; do
+            echo "== GGML_CUDA_DEVICES=$n, 512 tokens"
+            GGML_CUDA_DEVICES=$n timeout 240 python3 bench_meta.py --cuda
+            echo "exit $?"
+        done
+        echo "== GGML_CUDA_DEVICES=2, 4096 tokens"
+        GGML_CUDA_DEVICES=2 timeout 240 python3 bench_meta.py --cuda --tokens 4096 --repeat 3
+        echo "exit $?") > "$OUT/bench.txt" 2>&1
     cat "$OUT/bench.txt"
+    ;;
+mutcuda)
+    # the async/event mutants (tools/gpu/async_mutants.txt, docs/mutation.md's table) against
+    # the non-slow tests whose id names a CUDA device
+    export GGML_PY_BUILD=$(folder)
+    timeout 120 "${PY[@]}" --collect-only -q -m "not slow" tests 2>/dev/null \
+        | grep -E '^tests/.*CUDA' > "$OUT/cuda_ids.txt"
+    echo "$(wc -l < "$OUT/cuda_ids.txt") CUDA test ids"
+    timeout "${MUT_TIMEOUT:-540}" python3 tools/mutants.py --names tools/gpu/async_mutants.txt \
+        --tests $(cat "$OUT/cuda_ids.txt") --fresh-map --cap 0 --cap2 0 -j 6 --timeout 200 \
+        --json "$OUT/mutcuda.json" --report "$OUT/mutcuda.md" > "$OUT/mutcuda.log" 2>&1
+    echo "mutants.py exit $?" >> "$OUT/mutcuda.log"
+    tail -45 "$OUT/mutcuda.log"
     ;;
 gpu)
     export GGML_PY_BUILD=$(folder)
