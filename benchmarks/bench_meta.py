@@ -12,9 +12,9 @@ Each prints which all-reduce the meta backend has (the parts' registry's
 ggml_backend_comm_allreduce_tensor, or ggml's generic fallback). --cuda also separates the
 all-reduce from the compute, in the same run:
 
-  - the same stack with GGML_CUDA_ALLREDUCE=none at the meta backend's creation (CUDA's comm
-    declines every tensor, so the meta backend's generic butterfly of device copies and adds
-    runs instead of CUDA's internal all-reduce, which stages through pinned host memory);
+  - the stack with allreduce='backend' (CUDA's comm: for two devices without NCCL, ggml's
+    internal all-reduce, which stages through pinned host memory) and with 'generic' (the
+    meta backend's butterfly of device copies and adds; the default on virtual devices);
   - "no all-reduce": each layer's column-parallel half alone (relu(W1 x), W1 split on its
     output rows, outputs left split), against the same graph on one device.
 
@@ -142,10 +142,13 @@ def run_cuda(args):
     w1 = (rng.standard_normal((args.width, args.width)) / np.sqrt(args.width)).astype(np.float16)
     w2 = (rng.standard_normal((args.width, args.width)) / np.sqrt(args.width)).astype(np.float16)
     x0 = rng.standard_normal((args.tokens, args.width)).astype(np.float32)
-    md = gg.meta_device(cuda, split_for(args.layers))
+    md = gg.meta_device(cuda, split_for(args.layers), allreduce="backend")
+    auto = gg.meta_device(cuda, split_for(args.layers))
     print(f"# {args.layers} layers f16 {args.width}x{args.width}, {args.tokens} tokens; "
           f"GGML_CUDA_DEVICES={n}; meta over {[d.name for d in cuda]} "
-          f"({cuda[0].description}), allreduce: {md.allreduce}", flush=True)
+          f"({cuda[0].description}; PCI {sorted({str(d.device_id) for d in cuda})}); "
+          f"allreduce='backend': {md.allreduce}; the default ('auto'): {auto.allreduce}",
+          flush=True)
     flop = 2 * 2 * args.width * args.width * args.tokens * args.layers
     with cuda[0].backend() as be:
         one, ref, t1 = timed(be, args.layers, args.width, args.tokens, gg.f16, w1, w2, x0,
@@ -155,22 +158,15 @@ def run_cuda(args):
                               args.repeat)
     report(f"{cuda[0].name} alone (baseline)", one, one, args.layers,
            f"  {flop / one / 1e12:.0f} TFLOP/s")
-    report(f"meta over {len(cuda)} virtual devices", meta, one, args.layers,
-           f"  {flop / meta / 1e12:.0f} TFLOP/s; NMSE vs one device {nmse(got, ref):.1e}")
+    report(f"meta over {len(cuda)}, allreduce='backend'", meta, one, args.layers,
+           f"  {flop / meta / 1e12:.0f} TFLOP/s; NMSE vs one device {nmse(got, ref):.1e}; "
+           f"{md.allreduce}")
     if args.variants:
-        # comm_init reads GGML_CUDA_ALLREDUCE when the meta backend is created
-        old = os.environ.get("GGML_CUDA_ALLREDUCE")
-        os.environ["GGML_CUDA_ALLREDUCE"] = "none"
-        try:
-            with md.backend() as be:
-                fly, got2, _ = timed(be, args.layers, args.width, args.tokens, gg.f16, w1, w2,
-                                     x0, args.repeat)
-        finally:
-            if old is None:
-                del os.environ["GGML_CUDA_ALLREDUCE"]
-            else:
-                os.environ["GGML_CUDA_ALLREDUCE"] = old
-        report("meta, GGML_CUDA_ALLREDUCE=none", fly, one, args.layers,
+        gen = gg.meta_device(cuda, split_for(args.layers), allreduce="generic")
+        with gen.backend() as be:
+            fly, got2, _ = timed(be, args.layers, args.width, args.tokens, gg.f16, w1, w2,
+                                 x0, args.repeat)
+        report(f"meta over {len(cuda)}, allreduce='generic'", fly, one, args.layers,
                f"  {flop / fly / 1e12:.0f} TFLOP/s; NMSE {nmse(got2, ref):.1e} (butterfly)")
         with cuda[0].backend() as be:
             c1 = timed_columns(be, args.layers, args.width, args.tokens, gg.f16, w1, x0,

@@ -21,8 +21,12 @@ Axes are numpy's (``Split(axis=-1)`` splits the last numpy axis, ggml's axis 0).
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import threading
 import weakref
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from . import _device, _handle
 from ._backend import Backend
@@ -174,9 +178,10 @@ class MetaDevice(Device):
     """A device made of several (``gg.meta_device``): tensors in its buffers are split over
     its `parts` as its `split` says; its backend computes on all of them."""
 
-    __slots__ = ("parts", "_splitter")
+    __slots__ = ("parts", "_splitter", "_allreduce")
     parts: tuple[Device, ...]
     _splitter: _Splitter
+    _allreduce: str
 
     @property
     def type(self) -> str:
@@ -202,13 +207,14 @@ class MetaDevice(Device):
 
     @property
     def allreduce(self) -> str:
-        return allreduce_of(self.parts)
+        return allreduce_of(self.parts, self._allreduce)
 
     def backend(self, n_threads: int | None = None, params: str | None = None) -> Backend:
         require(n_threads is None, "a meta device's backend takes no n_threads (its parts "
                                    "are started with their defaults)", UnsupportedError)
         ensure_alive(self.ptr)
-        be = MetaBackend._create(self, params=params)
+        with _comm_choice(self.parts, self._allreduce):
+            be = MetaBackend._create(self, params=params)
         assert isinstance(be, MetaBackend)
         return be
 
@@ -307,24 +313,86 @@ class MetaBackend(Backend):
         return f"<Backend {self.name} allreduce={self.allreduce}>"
 
 
-def allreduce_of(parts: Sequence[Device]) -> str:
-    """'<registry> (comm)' when the first part's registry offers ggml_backend_comm_init and
-    its allreduce (the meta backend then uses it, falling back to the generic one for a
-    tensor it declines), else 'generic'."""
+ALLREDUCE_CHOICES = ("auto", "backend", "generic")
+_ENV_LOCK = threading.Lock()
+
+
+def _has_comm(parts: Sequence[Device]) -> bool:
+    reg = parts[0].registry
+    return reg.proc_address("ggml_backend_comm_init") is not None and \
+        reg.proc_address("ggml_backend_comm_allreduce_tensor") is not None
+
+
+def _one_cuda_gpu(parts: Sequence[Device]) -> bool:
+    """CUDA parts that are virtual devices of one GPU (GGML_CUDA_DEVICES): one PCI bus id."""
+    if not all(d.registry.name == "CUDA" for d in parts):
+        return False
+    # ggml 0.26.0 gives a virtual device its GPU's PCI bus id with "-v<k>" appended
+    ids = {re.sub(r"-v\d+$", "", d.device_id or "") for d in parts}
+    return len(ids) == 1 and "" not in ids
+
+
+def _comm_used(parts: Sequence[Device], choice: str) -> str:
+    """'backend' or 'generic': which all-reduce the meta backend is made to use."""
+    if len(parts) < 2 or not _has_comm(parts) or choice == "generic":
+        return "generic"
+    if choice == "auto" and _one_cuda_gpu(parts):
+        # CUDA's own all-reduce is NCCL (real GPUs only) or, for two devices, a copy staged
+        # through pinned host memory; between virtual devices of one GPU the generic one
+        # (device-to-device copies and adds) moves nothing over PCIe
+        return "generic"
+    return "backend"
+
+
+def allreduce_of(parts: Sequence[Device], choice: str = "auto") -> str:
+    """Which all-reduce a meta backend over `parts` sums partial results with: '<registry>
+    comm' (the first part's registry's ggml_backend_comm_allreduce_tensor; ggml's generic one
+    still runs for a tensor it declines, e.g. CUDA's internal one for more than two devices),
+    'generic' (the meta backend's butterfly of copies and adds between the parts' backends),
+    or 'none' (one part)."""
     if len(parts) < 2:
         return "none"
-    reg = parts[0].registry
-    if reg.proc_address("ggml_backend_comm_init") is not None and \
-            reg.proc_address("ggml_backend_comm_allreduce_tensor") is not None:
-        return f"{reg.name} comm"
-    return "generic"
+    if _comm_used(parts, choice) == "generic":
+        return "generic"
+    return f"{parts[0].registry.name} comm"
 
 
-def meta_device(devices: Sequence[Device | str], split: SplitSpec) -> MetaDevice:
+@contextlib.contextmanager
+def _comm_choice(parts: Sequence[Device], choice: str) -> Iterator[None]:
+    """Make the meta backend created inside use the generic all-reduce where `choice` says
+    so. ggml's meta backend asks the parts' registry for a communicator when it is created;
+    CUDA's reads GGML_CUDA_ALLREDUCE then ("none": decline every tensor). The variable is set
+    for the creation only, under a lock, and put back."""
+    if len(parts) < 2 or not _has_comm(parts) or _comm_used(parts, choice) == "backend":
+        yield
+        return
+    with _ENV_LOCK:
+        old = os.environ.get("GGML_CUDA_ALLREDUCE")
+        os.environ["GGML_CUDA_ALLREDUCE"] = "none"
+        try:
+            yield
+        finally:
+            if old is None:
+                del os.environ["GGML_CUDA_ALLREDUCE"]
+            else:
+                os.environ["GGML_CUDA_ALLREDUCE"] = old
+
+
+def meta_device(devices: Sequence[Device | str], split: SplitSpec, *,
+                allreduce: str = "auto") -> MetaDevice:
     """A meta device over `devices` (names or Devices, 1 to 16, each a plain device), whose
     weights are split as `split` says: a callable ``tensor -> gg.Split | None`` or a mapping
-    ``name -> gg.Split``; tensors it leaves out are mirrored."""
+    ``name -> gg.Split``; tensors it leaves out are mirrored.
+
+    `allreduce`: how its backends sum partial results. "backend": the parts' registry's own
+    where it offers one (RPC protocol 8, CUDA), else ggml's generic one; "generic": ggml's
+    generic one (copies and adds between the parts' backends; on RPC parts not available:
+    ggml offers no way to decline the servers' own); "auto" (default): "backend", except for
+    CUDA virtual devices of one GPU, where the generic one is used (CUDA's own stages each
+    sum through host memory). ``md.allreduce`` says which is used."""
     require_meta()
+    require(allreduce in ALLREDUCE_CHOICES, f"meta_device: allreduce must be one of "
+            f"{', '.join(ALLREDUCE_CHOICES)}, not {allreduce!r}")
     from ._device import device as _lookup
     require(isinstance(devices, (list, tuple)), "meta_device: devices must be a list of "
             f"devices or names, not {type(devices).__name__}", InvalidType)
@@ -343,6 +411,11 @@ def meta_device(devices: Sequence[Device | str], split: SplitSpec) -> MetaDevice
         for k, v in split.items():
             require(isinstance(k, str) and isinstance(v, Split),
                     f"meta_device: split maps names to gg.Split, got {k!r}: {v!r}", InvalidType)
+    if allreduce == "generic" and len(parts) > 1 and _has_comm(parts):
+        require(all(d.registry.name == "CUDA" for d in parts),
+                f"meta_device: allreduce='generic' over {parts[0].registry.name} devices: "
+                "ggml's meta backend takes that registry's own all-reduce and offers no way to "
+                "decline it (CUDA's does, GGML_CUDA_ALLREDUCE=none)", UnsupportedError)
     sp = _Splitter(split, len(parts))
     handle = ffi.new_handle(sp)
     _KEEP.append((sp, handle))       # ggml keeps the device (and calls back) until exit
@@ -353,6 +426,7 @@ def meta_device(devices: Sequence[Device | str], split: SplitSpec) -> MetaDevice
     dev = MetaDevice(raw)
     dev.parts = tuple(parts)
     dev._splitter = sp
+    dev._allreduce = allreduce
     Device._cache[_addr(raw)] = dev
     _BY_DEV[_addr(raw)] = dev
     compose(raw, dev)

@@ -60,6 +60,45 @@ def test_rpc_uses_the_servers_allreduce(rpc_servers):
     assert md.allreduce == "RPC comm"
 
 
+def test_allreduce_choice(rpc_servers, rng):
+    """allreduce= says which all-reduce the meta backend uses; RPC servers' own cannot be
+    declined (refused before ggml), CPU parts have none (generic either way)."""
+    rpc = [s.device for s in rpc_servers]
+    assert gg.meta_device(rpc, {}, allreduce="backend").allreduce == "RPC comm"
+    assert gg.meta_device(rpc, {}).allreduce == "RPC comm"          # auto
+    with pytest.raises(gg.UnsupportedError, match="RPC devices.*no way to decline"):
+        gg.meta_device(rpc, {}, allreduce="generic")
+    for bad in ("nccl", None, 1):
+        with pytest.raises(gg.InvalidArgument, match="allreduce must be one of"):
+            gg.meta_device(rpc, {}, allreduce=bad)
+    cpu = [gg.device("CPU"), gg.device("CPU")]
+    w = mlp_weights(rng)
+    for choice in ("auto", "backend", "generic"):
+        md = gg.meta_device(cpu, MLP_SPLIT, allreduce=choice)
+        assert md.allreduce == "generic"
+        with md.backend() as be:
+            assert be.allreduce == "generic"
+            assert nmse(run(be, w, mlp), mlp_numpy(w)) < MM_NMSE
+
+
+@pytest.mark.skipif(_cuda_pair() is None, reason="needs two CUDA devices")
+def test_cuda_allreduce_choice_computes_the_same(rng):
+    """On two CUDA devices each choice computes the MLP equal to one device; virtual devices
+    of one GPU (one PCI bus id) take the generic all-reduce by default."""
+    cuda = [gg.device(n) for n in _cuda_pair()]
+    virtual = len({d.device_id.rsplit("-v", 1)[0] for d in cuda}) == 1
+    w = mlp_weights(rng)
+    with cuda[0].backend() as be:
+        ref = run(be, w, mlp)
+    for choice, expect in (("auto", "generic" if virtual else "CUDA comm"),
+                           ("backend", "CUDA comm"), ("generic", "generic")):
+        md = gg.meta_device(cuda, MLP_SPLIT, allreduce=choice)
+        assert md.allreduce == expect, choice
+        with md.backend() as be:
+            assert nmse(run(be, w, mlp), ref) < MM_NMSE, choice
+    assert "GGML_CUDA_ALLREDUCE" not in __import__("os").environ   # put back after creation
+
+
 @pytest.mark.parametrize("split,b_split", [
     (gg.Split(axis=0), None),                              # column parallel: output split
     (gg.Split(axis=1), gg.Split(axis=1)),                  # row parallel: partial sums

@@ -350,6 +350,10 @@ def apply(m: Mutant) -> None:
         if isinstance(new, (staticmethod, classmethod)):
             new = new.__func__
         target.__code__ = new.__code__
+        note = os.environ.get("GGML_PY_MUTANT_ANNOUNCE")
+        if note:             # a file: pytest captures fd 1 and 2 while it imports
+            with open(note, "a") as f:
+                f.write(f"{APPLIED}{m.name}\n")
         return
     raise LookupError(f"{m.name}: function not found")
 
@@ -415,12 +419,22 @@ def _child_environ(**extra: str) -> None:
     os.environ.update(extra)
 
 
+def _apply_named(name: str) -> None:
+    try:
+        apply(next(x for x in discover() if x.name == name))
+    except BaseException as e:     # say so, rather than let a test fail as if killed
+        note = os.environ.get("GGML_PY_MUTANT_ANNOUNCE")
+        if note:
+            with open(note, "a") as f:
+                f.write(f"MUTANT NOT APPLIED: {type(e).__name__}: {e}\n")
+        os._exit(99)
+
+
 def install_hook(name: str) -> None:
     """In a child process: apply mutant `name` once its module has been imported."""
     module = name.split(":")[0]
-    m = next((x for x in discover() if x.name == name), None) if module in sys.modules else None
-    if m is not None:
-        apply(m)
+    if module in sys.modules:
+        _apply_named(name)
         return
 
     done: list[bool] = []          # applied (once: by whichever of the two comes first)
@@ -440,7 +454,7 @@ def install_hook(name: str) -> None:
                 orig(mod)
                 if not done:
                     done.append(True)
-                    apply(next(x for x in discover() if x.name == name))
+                    _apply_named(name)
             loader.exec_module = exec_module      # type: ignore[method-assign]
             return spec
 
@@ -461,7 +475,7 @@ def install_hook(name: str) -> None:
             return result
         done.append(True)
         builtins.__import__ = real_import
-        apply(next(x for x in discover() if x.name == name))
+        _apply_named(name)
         return result
     builtins.__import__ = watching_import
 
@@ -569,11 +583,18 @@ def get_map(tests: list[str], fresh: bool) -> dict[str, Any]:
         return json.loads(path.read_text())
     t0 = time.monotonic()
     print(f"mapping tests to functions ({' '.join(tests)}) ...", flush=True)
+    # the checkout first, then what the caller's PYTHONPATH holds (cffi may live there)
+    pp = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(
+        os.pathsep) if p])
     r = subprocess.run([sys.executable, __file__, "--map-worker", str(path), *tests], cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       env=dict(os.environ, PYTHONPATH=pp))
     if not path.exists():
         raise SystemExit(f"the mapping run died (exit {r.returncode})")
     data = json.loads(path.read_text())
+    if not data["durations"]:
+        path.unlink()
+        raise SystemExit(f"the mapping run mapped no test (pytest exit {r.returncode}): every "
+                         "mutant would read 'no tests'; see the output above")
     print(f"mapped {len(data['durations'])} tests in {time.monotonic() - t0:.0f}s "
           f"({len(data['failed'])} failed unmutated, left out)", flush=True)
     return data
@@ -619,36 +640,66 @@ def _select(m: Mutant, tmap: dict[str, Any], cap: int) -> list[str]:
     return tests[:cap] if cap else tests
 
 
-def _child(m: Mutant, tests: list[str], log: Path) -> None:
+PYTEST_ARGS = ["-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+               "-W", "ignore::pytest.PytestUnraisableExceptionWarning"]
+APPLIED = "ggml_py mutant applied: "
+
+
+def _child(m: Mutant | None, tests: list[str], log: Path) -> None:
     os.setsid()
     fd = os.open(str(log), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     try:
-        _child_environ(GGML_PY_MUTANT=m.name)
-        apply(m)
+        _child_environ(GGML_PY_MUTANT=m.name if m else "")
+        if m is not None:
+            apply(m)
     except BaseException as e:     # a mutant that cannot be applied is a tool error
         print(f"MUTANT NOT APPLIED: {type(e).__name__}: {e}", flush=True)
         os._exit(99)
     import pytest
     # the test ids hold brackets and spaces: pass them in a file
-    rc = pytest.main(["-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-                      "-W", "ignore::pytest.PytestUnraisableExceptionWarning", *tests])
+    rc = pytest.main([*PYTEST_ARGS, *tests])
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(int(rc))
 
 
-def run_one(m: Mutant, tests: list[str], timeout: float, logdir: Path) -> tuple[str, str, float]:
-    """(outcome, detail, seconds): outcome killed / survived / timeout / error."""
-    log = logdir / (hashlib.sha256(m.name.encode()).hexdigest()[:12] + ".log")
+def _spawn(m: Mutant | None, tests: list[str], log: Path) -> int:
+    """A fresh `python -m pytest` process (its own session) whose sitecustomize applies the
+    mutant on import and says so (APPLIED): for builds whose devices do not survive fork()."""
+    note = log.with_suffix(".applied")
+    note.unlink(missing_ok=True)
+    env = dict(os.environ, GGML_PY_MUTANT=m.name if m else "", GGML_PY_MUTANT_ANNOUNCE=str(note),
+               GGML_PY_MUTANT_TOOL=str(Path(__file__).resolve()))
+    _write_site()
+    env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(ROOT)] + [
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    with open(log, "wb") as f:
+        return subprocess.Popen([sys.executable, "-m", "pytest", *PYTEST_ARGS, *tests],
+                                cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True).pid
+
+
+SPAWN = [False]      # set by main(): fork() cannot carry an accelerator's state to children
+
+
+def run_one(m: Mutant | None, tests: list[str], timeout: float, logdir: Path
+            ) -> tuple[str, str, float]:
+    """(outcome, detail, seconds): outcome killed / survived / timeout / error. `m` None:
+    the control, the same run without a mutant."""
+    log = logdir / (hashlib.sha256((m.name if m else "control").encode()).hexdigest()[:12]
+                    + ".log")
     t0 = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _child(m, tests, log)
-        finally:
-            os._exit(98)
+    if SPAWN[0]:
+        pid = _spawn(m, tests, log)
+    else:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _child(m, tests, log)
+            finally:
+                os._exit(98)
     deadline = t0 + timeout
     status = None
     while True:
@@ -671,6 +722,12 @@ def run_one(m: Mutant, tests: list[str], timeout: float, logdir: Path) -> tuple[
     _reap_group(pid)
     text = log.read_text(errors="replace") if log.exists() else ""
     tail = text.strip().splitlines()[-1] if text.strip() else ""
+    if SPAWN[0] and m is not None:
+        note = log.with_suffix(".applied")
+        said = note.read_text() if note.exists() else ""
+        if APPLIED + m.name not in said:
+            return "error", (said.strip() or "MUTANT NOT APPLIED: the pytest process never "
+                             "applied it")[:200], secs
     if os.WIFSIGNALED(status):
         return "killed", f"test process died (signal {os.WTERMSIG(status)})", secs
     rc = os.WEXITSTATUS(status)
@@ -692,6 +749,14 @@ def _reap_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _accelerators() -> list[str]:
+    """The loaded build's registries other than CPU, RPC and BLAS (CUDA, Vulkan, Metal...)."""
+    from ggml_py._loader import ffi, lib
+    names = [ffi.string(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i))).decode()
+             for i in range(lib.ggml_backend_reg_count())]
+    return [n for n in names if n not in ("CPU", "RPC", "BLAS")]
 
 
 def _warm(tmap: dict[str, Any]) -> None:
@@ -809,6 +874,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap2", type=int, default=400,
                    help="a survivor of the first pass runs again on this many (0: all)")
     p.add_argument("--timeout", type=float, default=120)
+    p.add_argument("--runner", choices=("auto", "fork", "spawn"), default="auto",
+                   help="fork: a child of this process per mutant (fast); spawn: a fresh "
+                        "pytest process per mutant; auto: spawn when the build has an "
+                        "accelerator (its state does not survive fork()), else fork")
     p.add_argument("-j", "--jobs", type=int, default=1, help="mutants run at once")
     p.add_argument("--tests", nargs="*", default=DEFAULT_TESTS)
     p.add_argument("--fresh-map", action="store_true")
@@ -855,10 +924,25 @@ def main(argv: list[str] | None = None) -> int:
     tmap = merge_maps([json.loads(m.read_text()) for m in args.map]) if args.map \
         else get_map(args.tests, args.fresh_map)
     _warm(tmap)
+    accel = _accelerators()
+    SPAWN[0] = args.runner == "spawn" or (args.runner == "auto" and bool(accel))
+    if SPAWN[0]:
+        print(f"each mutant in a fresh pytest process ({', '.join(accel) or '--runner spawn'}"
+              ": an accelerator's state does not survive fork())", flush=True)
     logdir = CACHE / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
     t_all = time.monotonic()
     done = [0]
+    # the control: the same runner, no mutant, over the tests of the first mutants; every
+    # verdict below is void unless it passes (a runner that kills everything is no test)
+    control = sorted({t for m in mutants[:8] for t in _select(m, tmap, args.cap)})[:60]
+    if control:
+        outcome, detail, secs = run_one(None, control, args.timeout, logdir)
+        print(f"control (no mutant, {len(control)} tests): {outcome} in {secs:.1f}s", flush=True)
+        if outcome != "survived":
+            print(f"the control run failed ({detail}): the runner breaks the tests without a "
+                  "mutant, so no verdict would mean anything", file=sys.stderr)
+            return 3
 
     def one(m: Mutant) -> dict[str, Any]:
         tests = _select(m, tmap, args.cap)

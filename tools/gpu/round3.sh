@@ -47,7 +47,7 @@ if [ -d "$NBWHL" ] && [ ! -e /tmp/nbsite ]; then
 fi
 PY=(python3 -m pytest -p ggml_py.pytest_plugin -p no:cacheprovider -p no:randomly)
 python3 -c 'import pytest_timeout' 2>/dev/null && PY+=(--timeout=300)
-folder() { ls -d ggml_py/lib/ggml-"$REL"-cpu-rpc-cuda90* 2>/dev/null | head -1; }
+folder() { ls -d "$W"/ggml_py/lib/ggml-"$REL"-cpu-rpc-cuda90* 2>/dev/null | head -1; }
 
 for PHASE in "$@"; do
 t0=$SECONDS
@@ -108,8 +108,14 @@ mutcuda)
     timeout 120 "${PY[@]}" --collect-only -q -m "not slow" tests 2>/dev/null \
         | grep -E '^tests/.*CUDA' > "$OUT/cuda_ids.txt"
     echo "$(wc -l < "$OUT/cuda_ids.txt") CUDA test ids"
-    timeout "${MUT_TIMEOUT:-540}" python3 tools/mutants.py --names tools/gpu/async_mutants.txt \
-        --tests $(cat "$OUT/cuda_ids.txt") --fresh-map --cap 0 --cap2 0 -j 6 --timeout 200 \
+    mapfile -t IDS < "$OUT/cuda_ids.txt"         # ids hold spaces ("mul_mat f32")
+    # first the fork runner, whose control must fail here (CUDA does not survive fork())
+    timeout 120 python3 tools/mutants.py --names tools/gpu/async_mutants.txt --runner fork \
+        --tests "${IDS[@]}" --fresh-map --cap 0 --cap2 0 -j 6 --timeout 200 \
+        > "$OUT/mutfork.log" 2>&1
+    echo "fork runner: exit $?; $(grep -E '^control|control run failed' "$OUT/mutfork.log")"
+    timeout "${MUT_TIMEOUT:-330}" python3 tools/mutants.py --names tools/gpu/async_mutants.txt \
+        --tests "${IDS[@]}" --cap 0 --cap2 0 -j 6 --timeout 200 \
         --json "$OUT/mutcuda.json" --report "$OUT/mutcuda.md" > "$OUT/mutcuda.log" 2>&1
     echo "mutants.py exit $?" >> "$OUT/mutcuda.log"
     tail -45 "$OUT/mutcuda.log"
