@@ -301,6 +301,11 @@ class MetaBackend(Backend):
             plan(graph, self)
             planned[graph] = _handle.EPOCH
 
+    def split_states(self, graph: Any) -> list[tuple[str, str, str]]:
+        """(node name, op, split state) for every node of `graph`, as this backend's meta
+        device derives them (Refused, an InvalidArgument, for what ggml would abort on)."""
+        return split_states(graph, self)
+
     def compute(self, graph: Any) -> None:
         self._plan(graph)
         super().compute(graph)

@@ -184,5 +184,9 @@ def test_07_tensor_parallel(monkeypatch):
     assert "refused: meta device: MUL_MAT" in nb.text
     assert len(nb.data("image/png")) == 1                        # where each slice lives
     assert any("<code>[0:128, :]</code>" in h for h in nb.data("text/html"))
+    graphs = [g for g in nb.data("image/svg+xml") + nb.data("text/html") if "<svg" in g]
+    assert any('class="part0"' in g and 'class="part1"' in g and "mirrored (on each)" in g
+               and ">partial sums<" in g for g in graphs)                 # the graph, by device
+    assert "split states: [" in nb.text and "'PARTIAL'" in nb.text
     if "no CUDA pair here" not in nb.text:
         assert nb.number(r"CUDA MLP NMSE meta vs one device ([\d.e+-]+)") < 5e-4

@@ -98,7 +98,12 @@ bench)
         done
         echo "== GGML_CUDA_DEVICES=2, 4096 tokens"
         GGML_CUDA_DEVICES=2 timeout 240 python3 bench_meta.py --cuda --tokens 4096 --repeat 3
-        echo "exit $?") > "$OUT/bench.txt" 2>&1
+        echo "exit $?"
+        for n in 2 4; do     # CUDA graphs off (read once per process): the all-reduce's
+            echo "== GGML_CUDA_DEVICES=$n, 512 tokens, GGML_CUDA_DISABLE_GRAPHS=1"
+            GGML_CUDA_DISABLE_GRAPHS=1 GGML_CUDA_DEVICES=$n timeout 240 python3 bench_meta.py --cuda
+            echo "exit $?"
+        done) > "$OUT/bench.txt" 2>&1
     cat "$OUT/bench.txt"
     ;;
 mutcuda)
