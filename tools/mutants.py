@@ -676,9 +676,14 @@ def _spawn(m: Mutant | None, tests: list[str], log: Path) -> int:
     env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(ROOT)] + [
         p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     with open(log, "wb") as f:
-        return subprocess.Popen([sys.executable, "-m", "pytest", *PYTEST_ARGS, *tests],
-                                cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True).pid
+        p = subprocess.Popen([sys.executable, "-m", "pytest", *PYTEST_ARGS, *tests],
+                             cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    _SPAWNED[p.pid] = p      # held, so that subprocess's reaping of dropped Popens (on the
+    return p.pid             # next Popen) cannot take its status before run_one's waitpid
+
+
+_SPAWNED: dict[int, subprocess.Popen[bytes]] = {}
 
 
 SPAWN = [False]      # set by main(): fork() cannot carry an accelerator's state to children
@@ -705,6 +710,8 @@ def run_one(m: Mutant | None, tests: list[str], timeout: float, logdir: Path
     while True:
         done, st = os.waitpid(pid, os.WNOHANG)
         if done:
+            _SPAWNED.pop(pid, None)
+        if done:
             status = st
             break
         if time.monotonic() > deadline:
@@ -717,6 +724,7 @@ def run_one(m: Mutant | None, tests: list[str], timeout: float, logdir: Path
         except ProcessLookupError:
             pass
         os.waitpid(pid, 0)
+        _SPAWNED.pop(pid, None)
         _reap_group(pid)
         return "timeout", f"over {timeout:.0f}s", secs
     _reap_group(pid)

@@ -114,16 +114,16 @@ mutcuda)
         | grep -E '^tests/.*CUDA' > "$OUT/cuda_ids.txt"
     echo "$(wc -l < "$OUT/cuda_ids.txt") CUDA test ids"
     mapfile -t IDS < "$OUT/cuda_ids.txt"         # ids hold spaces ("mul_mat f32")
-    # first the fork runner, whose control must fail here (CUDA does not survive fork())
-    timeout 120 python3 tools/mutants.py --names tools/gpu/async_mutants.txt --runner fork \
-        --tests "${IDS[@]}" --fresh-map --cap 0 --cap2 0 -j 6 --timeout 200 \
-        > "$OUT/mutfork.log" 2>&1
-    echo "fork runner: exit $?; $(grep -E '^control|control run failed' "$OUT/mutfork.log")"
     timeout "${MUT_TIMEOUT:-330}" python3 tools/mutants.py --names tools/gpu/async_mutants.txt \
-        --tests "${IDS[@]}" --cap 0 --cap2 0 -j 6 --timeout 200 \
-        --json "$OUT/mutcuda.json" --report "$OUT/mutcuda.md" > "$OUT/mutcuda.log" 2>&1
+        --tests "${IDS[@]}" --fresh-map --cap "${MUT_CAP:-0}" --cap2 0 -j "${MUT_JOBS:-6}" \
+        --timeout 200 --json "$OUT/mutcuda.json" --report "$OUT/mutcuda.md" \
+        > "$OUT/mutcuda.log" 2>&1
     echo "mutants.py exit $?" >> "$OUT/mutcuda.log"
     tail -45 "$OUT/mutcuda.log"
+    # then the fork runner, whose control must fail here (CUDA does not survive fork())
+    timeout 90 python3 tools/mutants.py --names tools/gpu/async_mutants.txt --runner fork \
+        --tests "${IDS[@]}" --cap 20 --cap2 0 -j 6 --timeout 60 > "$OUT/mutfork.log" 2>&1
+    echo "fork runner: exit $?; $(grep -E '^control|control run failed' "$OUT/mutfork.log")"
     ;;
 gpu)
     export GGML_PY_BUILD=$(folder)
