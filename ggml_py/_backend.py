@@ -19,7 +19,7 @@ import numpy as np
 from . import _transfer
 from . import _handle
 from ._handle import Owned
-from ._liveness import ensure_alive, free_guard, supports_op
+from ._rpc_liveness import ensure_alive, free_guard, supports_op
 from ._loader import cstr, ffi, lib
 from .errors import check_ptr, InvalidArgument, InvalidType, UnsupportedError, require
 

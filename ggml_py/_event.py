@@ -13,7 +13,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from ._handle import Owned
-from ._liveness import ensure_alive, free_guard
+from ._rpc_liveness import ensure_alive, free_guard
 from ._loader import ffi, lib
 from .errors import GGMLError, InvalidType, check_ptr, require
 

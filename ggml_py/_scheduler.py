@@ -25,7 +25,7 @@ from ._backend import Backend
 from ._graph import Graph
 from . import _handle, _written
 from ._handle import Owned, Placer, hand_over
-from ._liveness import endpoint_of, supports_op
+from ._rpc_liveness import endpoint_of, supports_op
 from ._loader import cstr, ffi, lib
 from ._tensor_base import give_back_rewired
 from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, OutOfMemory, check_status, require

@@ -1,5 +1,5 @@
-"""ggml contexts of metadata only (``no_alloc``: tensor records, graphs), made and freed here
-so that they are reused.
+"""The record pool: ggml contexts of metadata only (``no_alloc``: tensor records, graph
+memory), made and freed here so that they are reused.
 
 A chunk freed by :func:`release` is reset (``ggml_reset``) and kept for the next
 :func:`new` of its size, up to :func:`pool_limit` bytes in all (32 MiB unless set). A program
