@@ -25,7 +25,7 @@ from ._features import old_rpc_api
 from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib
 from .errors import (GGMLError, InvalidType, RPCError, RPCVersionError, UnsupportedError,
                      check_ptr, require)
-from . import _handle, _rpc_liveness
+from . import _backend, _handle, _rpc_liveness
 from ._context import Context
 from ._device import Device, Registry, device as _lookup, env_at_first_lookup
 
@@ -242,9 +242,8 @@ def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir
              for d in devices]
     require(isinstance(port, int) and not isinstance(port, bool) and 0 <= port < 65536,
             f"serve: port must be an int in 0..65535, got {port!r}")
-    require(threads is None or (isinstance(threads, int) and not isinstance(threads, bool)
-                                and 1 <= threads <= int(lib.GGML_MAX_N_THREADS)),
-            f"serve: threads must be an int in 1..{int(lib.GGML_MAX_N_THREADS)}, got {threads!r}")
+    if threads is not None:
+        threads = _backend.check_n_threads(threads, "serve: threads")
     if port:
         try:
             with socket.create_connection((host, port), timeout=0.5):
