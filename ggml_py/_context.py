@@ -90,8 +90,8 @@ class Context(Owned):
         first = self._new_chunk()
         # every chunk (ggml_context), the first included: a new one opens when the last
         # fills. Plain handles, freed with this object (never with a Python object of their
-        # own: one that kept this Context as its parent made a cycle, so a Context of more
-        # than one chunk waited for the cyclic collector to give its memory back)
+        # own: one that kept this Context as its parent would make a cycle, and a Context of
+        # more than one chunk would wait for the cyclic collector to give its memory back)
         self._chunks: list[Any] = [first]
         super().__init__(first, functools.partial(_record_pool.release_all, self._chunks))
         self._spans = [self._span(first)]

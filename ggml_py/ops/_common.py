@@ -26,8 +26,8 @@ FLOAT_TYPES = frozenset(TYPES[n] for n in FLOAT if n in TYPES)     # the same, a
 
 # Types the backends' kernels compute, per op, where they are fewer than the op's own rules
 # allow: ggml's CPU and CUDA backends report these ops as supported for any type and then abort
-# in the kernel (0.25.3: ggml-cpu/ops.cpp, ggml-cuda/sum.cu and cpy.cu; found by
-# tests/test_op_types.py). The CPU is every scheduler's fallback, so these are the rule.
+# in the kernel (0.25.3: ggml-cpu/ops.cpp, ggml-cuda/sum.cu and cpy.cu; tests/test_op_types.py
+# checks them). The CPU is every scheduler's fallback, so these are the rule.
 CPU_TYPES = {
     "sum": {"f32"}, "scale": {"f32", "bf16"}, "sum_rows": {"f32"}, "mean": {"f32"}, "soft_max": {"f32"},
     "strided copy": {"f32", "f16", "bf16", "i32", "i16"},
