@@ -35,7 +35,7 @@ __version__ = "0.1.0"
 
 # `import ggml_py` finds the build (or raises ImportError saying what to run) and stops there:
 # the library and the modules over it load on first use of any name below (PEP 562), so an
-# import costs milliseconds; the first use pays the rest once (benchmarks/RESULTS.md).
+# import stays cheap; the first use pays the rest once.
 try:
     _where.check()
 except ImportError as _e:
@@ -132,8 +132,8 @@ _MISSING = object()
 
 def __getattr__(name: str) -> _Any:
     # gg.rpc, gg.gguf, gg.opt, gg.compare and DLPack load on first use: sockets,
-    # subprocesses, GGUF parsing, training and the DLPack structs (parsed by cffi, about
-    # 30 ms) are not needed by every import
+    # subprocesses, GGUF parsing, training and the DLPack structs (which cffi parses when
+    # first used) are not needed by every import
     if name in _LAZY_MODULES or name == "ops" or (name.startswith("_") and name[1:2] != "_"):
         # a module of the package (gg.ops, gg.rpc, gg._loader, ...), and what `from . import
         # ops` inside the package asks for: the module alone, whatever is loaded so far

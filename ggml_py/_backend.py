@@ -19,7 +19,7 @@ import numpy as np
 from . import _transfer
 from . import _handle
 from ._handle import Owned
-from ._liveness import ensure_alive, free_guard, supports_op
+from ._rpc_liveness import ensure_alive, free_guard, supports_op
 from ._loader import cstr, ffi, lib
 from .errors import check_ptr, InvalidArgument, InvalidType, UnsupportedError, require
 
@@ -28,6 +28,20 @@ if TYPE_CHECKING:
     from ._event import Event
     from ._graph import Graph
     from ._tensor import Tensor
+
+
+#: the most threads a CPU-type backend takes (ggml's GGML_MAX_N_THREADS)
+MAX_THREADS = int(lib.GGML_MAX_N_THREADS)
+
+
+def check_n_threads(n: Any, what: str = "n_threads") -> int:
+    """The one rule for a thread count, wherever one is given (``Device.backend(n_threads=)``,
+    ``Backend.n_threads``, ``rpc.serve(threads=)``, the rpc-server's ``--threads``): an int (a
+    numpy integer too, never a bool) in 1..MAX_THREADS. Returns it as an int; raises
+    InvalidArgument naming `what` otherwise."""
+    require(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 1 <= int(n) <= MAX_THREADS,
+            f"{what} must be an int in 1..{MAX_THREADS}, got {n!r}")
+    return int(n)
 
 
 def usable_cores() -> int:
@@ -69,6 +83,8 @@ class Backend(Owned):
                 f"backend: params must be a str, not {type(params).__name__}", InvalidType)
         if params is not None:
             require("\0" not in params, "backend: params must not contain NUL characters")
+        if n_threads is not None:
+            n_threads = check_n_threads(n_threads)    # (refused before a backend is started)
         raw = check_ptr(lib.ggml_backend_dev_init(device.ptr, params.encode() if params else ffi.NULL),
                         f"could not start a backend on {device.name}")
         be = cls(raw, device)
@@ -102,18 +118,16 @@ class Backend(Owned):
 
     @n_threads.setter
     def n_threads(self, n: int) -> None:
-        require(isinstance(n, (int, np.integer)) and not isinstance(n, bool)
-                and 1 <= n <= int(lib.GGML_MAX_N_THREADS),
-                f"n_threads must be an int in 1..{int(lib.GGML_MAX_N_THREADS)}, got {n!r}")
+        n = check_n_threads(n)
         fn = self._device.registry.proc_address("ggml_backend_set_n_threads",
                                                 "ggml_backend_set_n_threads_t")
         require(fn is not None, f"backend {self.name} has no thread count to set",
                 UnsupportedError)
         if _handle.THREADS_AFTER_FORK is not None:    # a forked child: see _handle
-            n = min(int(n), _handle.THREADS_AFTER_FORK)
+            n = min(n, _handle.THREADS_AFTER_FORK)
         with self._lock:
-            fn(self.ptr, int(n))
-        self._n_threads = int(n)
+            fn(self.ptr, n)
+        self._n_threads = n
 
     def _forked(self) -> None:
         """In a forked child (``_handle._after_fork``): one thread from now on."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._handle import Owned
-from ._liveness import ensure_alive, free_guard
+from ._rpc_liveness import ensure_alive, free_guard
 from . import _written
 from ._loader import cstr, ffi, lib
 from .errors import ClosedError, GGMLError, require

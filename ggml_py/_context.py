@@ -23,12 +23,12 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from . import _handle, _metadata, _types as T, _written
+from . import _handle, _record_pool, _types, _written
 from ._backend import Backend
 from ._buffer import Buffer
 from ._device import BufferType
 from ._handle import Owned, Placer
-from ._liveness import buffer_device, ensure_alive
+from ._rpc_liveness import buffer_device, ensure_alive
 from ._loader import HELPERS, ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import MAX_DIMS, MAX_NAME, TensorBase, index_of, shape_of
@@ -80,7 +80,7 @@ class Context(Owned):
     #: graphs') are kept for reuse, 32 MiB by default; 0 keeps none. Returns the limit before.
     #: A program that builds its graph again and again (each token, each step) then writes
     #: its records into memory it touched before instead of fresh pages.
-    pool_limit = staticmethod(_metadata.pool_limit)
+    pool_limit = staticmethod(_record_pool.pool_limit)
 
     def __init__(self, capacity: int = 4096) -> None:
         capacity = index_of(capacity, "Context: capacity")
@@ -90,17 +90,17 @@ class Context(Owned):
         first = self._new_chunk()
         # every chunk (ggml_context), the first included: a new one opens when the last
         # fills. Plain handles, freed with this object (never with a Python object of their
-        # own: one that kept this Context as its parent made a cycle, so a Context of more
-        # than one chunk waited for the cyclic collector to give its memory back)
+        # own: one that kept this Context as its parent would make a cycle, and a Context of
+        # more than one chunk would wait for the cyclic collector to give its memory back)
         self._chunks: list[Any] = [first]
-        super().__init__(first, functools.partial(_metadata.release_all, self._chunks))
+        super().__init__(first, functools.partial(_record_pool.release_all, self._chunks))
         self._spans = [self._span(first)]
         self._head = first                 # the newest chunk, where tensors are made
         # the checked ops' side (helpers.c): the newest chunk, and a mutex held by a checked
         # op while it builds and by this object wherever it builds in, walks or closes its
         # chunks (_records), so ggml never sees two threads in one chunk. The handle that
         # every ggml_py_* checked op takes first (None for bindings without helpers.c):
-        # read it (the ops call their helper with it: ops/_common.CHECKED), never assign it
+        # read it (the ops call their helper with it: ops/_common.CHECKED_OPS), never assign it
         self.checked_state: Any = None
         if _STATE_NEW is not None:
             st = check_ptr(_STATE_NEW(first),
@@ -119,7 +119,7 @@ class Context(Owned):
 
     # -- chunks ------------------------------------------------------------------------------
     def _new_chunk(self) -> Any:
-        raw = _metadata.new(_OVERHEAD * (self._capacity + 64))
+        raw = _record_pool.new(_OVERHEAD * (self._capacity + 64))
         if raw == ffi.NULL:
             raise OutOfMemory(f"Context: ggml_init could not reserve room for {self._capacity} "
                               "tensors")
@@ -303,7 +303,7 @@ class Context(Owned):
     # -- tensors -------------------------------------------------------------------------------
     def tensor(self, type: Any, shape: Any, name: str | None = None) -> Tensor:
         """A new tensor of ggml `type` (or numpy dtype) and numpy-order `shape` (1-4 axes)."""
-        t = T.of(type)
+        t = _types.of(type)
         dims = shape_of(shape, "tensor: shape")
         ne = list(reversed(dims))
         require(ne[0] % t.block_size == 0,
@@ -337,7 +337,7 @@ class Context(Owned):
         next :meth:`alloc` of this context, which gives the tensor its memory."""
         a = np.array(array, copy=True, order="C")
         require(a.dtype != object, "from_numpy: object arrays hold no numbers", InvalidType)
-        t = self.tensor(T.of(a.dtype), a.shape if a.ndim else (1,), name)
+        t = self.tensor(_types.of(a.dtype), a.shape if a.ndim else (1,), name)
         self._pending.append((t, a.reshape(t.shape)))
         return t
 
@@ -491,7 +491,7 @@ class Context(Owned):
             # (data is what close() frees: the buffers; the records then raise ClosedError)
             if _handle.detach(self._finalizer) is not None:   # (once: a close retried after a
                 self._records_finalizer = _handle.finalize(   # child raised)
-                    self, _metadata.release_all, self._chunks)
+                    self, _record_pool.release_all, self._chunks)
             super().close()        # closes the chunks and buffers (children) first
             self._buffers = []
             self._pending = []

@@ -23,7 +23,7 @@ from ._backend import Backend
 from ._buffer import Buffer
 from ._event import Event
 from ._handle import Borrowed
-from ._liveness import ensure_alive, supports_op
+from ._rpc_liveness import ensure_alive, supports_op
 from ._features import old_rpc_api
 from ._loader import BUILD, cstr, ffi, lib
 from .errors import (GGMLError, check_ptr, InvalidArgument, InvalidType, NotFound, OutOfMemory,

@@ -13,7 +13,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from ._handle import Owned
-from ._liveness import ensure_alive, free_guard
+from ._rpc_liveness import ensure_alive, free_guard
 from ._loader import ffi, lib
 from .errors import GGMLError, InvalidType, check_ptr, require
 
@@ -80,8 +80,8 @@ class Event(Owned):
         lib.ggml_backend_event_synchronize(self.ptr)
 
     def close(self) -> None:
-        """Free the event once no backend's queue still waits on it: freeing it earlier left
-        the waiting queue hanging (seen on Vulkan), so those backends are synchronized first."""
+        """Free the event once no backend's queue still waits on it: a queue waiting on a freed
+        event may hang (Vulkan's does), so those backends are synchronized first."""
         with self._lock:
             if self._raw is not None:
                 for be in list(self._waiters):

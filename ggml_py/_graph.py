@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from . import _handle, _metadata, _written
+from . import _handle, _record_pool, _written
 from ._handle import Owned, Placer
-from ._liveness import free_guard, second_opinion
+from ._rpc_liveness import free_guard, second_opinion
 from ._loader import HELPERS, cstr, ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import give_back_rewired, own_sources
@@ -47,7 +47,7 @@ _TENSOR = ffi.typeof("struct ggml_tensor *")
 
 class _GraphMemory(Owned):
     """A graph's ggml memory. Closed with the graph or a context of its tensors; given back
-    (to _metadata's pool) only when this object is collected with its Graph, so that a stale
+    (to _record_pool) only when this object is collected with its Graph, so that a stale
     read of a closed graph reads that graph, never a newer one built in the reused chunk."""
 
     _kind = "graph"
@@ -55,7 +55,7 @@ class _GraphMemory(Owned):
     def close(self) -> None:
         with self._lock:
             if self._raw is not None and _handle.detach(self._finalizer) is not None:
-                self._memory_finalizer = _handle.finalize(self, _metadata.release, self._raw)
+                self._memory_finalizer = _handle.finalize(self, _record_pool.release, self._raw)
             super().close()
 
 
@@ -174,7 +174,7 @@ class Graph(Placer):
             require(capacity <= _MAX_NODES, f"Graph: capacity must be at most {_MAX_NODES}")
         n = capacity or max(int(lib.GGML_DEFAULT_GRAPH_SIZE), 2 * count + 16)
         overhead = int(lib.ggml_graph_overhead_custom(n, False))
-        raw = check_ptr(_metadata.new(overhead + 1024),
+        raw = check_ptr(_record_pool.new(overhead + 1024),
                         "Graph: ggml_init failed for the graph")
         try:
             self._contexts = list(contexts.values())
@@ -185,11 +185,11 @@ class Graph(Placer):
             if len(self._contexts) > 1:
                 self._contexts = self._reached(self._contexts)
         except BaseException:
-            _metadata.release(raw)
+            _record_pool.release(raw)
             raise
         # every context holding a node or leaf (and only those): a closed one would leave the
         # graph pointing into freed memory, so computing then raises instead
-        self._meta = _GraphMemory(raw, _metadata.release, parents=tuple(self._contexts))
+        self._meta = _GraphMemory(raw, _record_pool.release, parents=tuple(self._contexts))
 
     def _reached(self, contexts: list["Context"]) -> list["Context"]:
         """The contexts of `contexts` that hold a node or leaf of this graph (a context the

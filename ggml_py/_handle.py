@@ -11,9 +11,8 @@ hold it, and close() takes it, so closing an object another thread is using wait
 use to end instead of freeing memory under it.
 
 Freeing waits for a running collection to end: the cyclic collector calls weakref callbacks
-(the finalizers) before the ``__del__`` methods of the same garbage, so a ``__del__`` that read a
-tensor of its cycle read memory freed an instant earlier (a segfault with the metadata pool
-off). Every finalizer of the package is made by :func:`finalize`, which frees at once outside a
+(the finalizers) before the ``__del__`` methods of the same garbage, so a ``__del__`` that reads a
+tensor of its cycle would read memory freed an instant earlier. Every finalizer of the package is made by :func:`finalize`, which frees at once outside a
 collection and at its end inside one, and not at interpreter exit.
 """
 from __future__ import annotations

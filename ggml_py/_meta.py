@@ -31,7 +31,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from . import _device, _handle
 from ._backend import Backend
 from ._device import Device
-from ._liveness import compose, ensure_alive
+from ._rpc_liveness import compose, ensure_alive
 from ._loader import cstr, ffi, lib
 from ._split import (MAX_DEVICES, MAX_DIMS, MIRRORED, PARTIAL, UNKNOWN, Split,
                      SplitSpec, State)

@@ -131,16 +131,18 @@ def _can_listen(host: str, port: int) -> str | None:
 def main(argv: list[str]) -> int:
     from ._features import old_rpc_api
     from ._loader import backend_fn, ffi, lib
-    from . import device
+    from . import _backend, device
+    from .errors import InvalidArgument
     from .rpc import OLD_RPC_ONE_DEVICE, WARNING, _is_loopback
 
-    max_threads = int(getattr(lib, "GGML_MAX_N_THREADS", 512))
-    p = _parser(max_threads)
+    p = _parser(_backend.MAX_THREADS)
     args = p.parse_args(argv)
     if not 0 < args.port < 65536:
         p.error(f"--port must be 1..65535, got {args.port}")
-    if not 1 <= args.threads <= max_threads:
-        p.error(f"--threads must be 1..{max_threads}, got {args.threads}")
+    try:
+        _backend.check_n_threads(args.threads, "--threads")
+    except InvalidArgument as e:
+        p.error(str(e))
     if not _is_loopback(args.host):
         if not args.allow_remote and args.parent is None:
             p.error(f"--host {args.host} is not loopback; add --allow-remote to expose the server")

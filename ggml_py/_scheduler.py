@@ -25,7 +25,7 @@ from ._backend import Backend
 from ._graph import Graph
 from . import _handle, _written
 from ._handle import Owned, Placer, hand_over
-from ._liveness import endpoint_of, supports_op
+from ._rpc_liveness import endpoint_of, supports_op
 from ._loader import cstr, ffi, lib
 from ._tensor_base import give_back_rewired
 from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, OutOfMemory, check_status, require
@@ -202,9 +202,9 @@ class Scheduler(Owned, Placer):
         if self._measured is not None and self._measured() is not graph:   # (or it is gone)
             # ggml's allocator keeps the offsets it chose for the last graph and reuses them
             # for any graph with as many nodes and leafs whose tensors fit, without comparing
-            # how they connect: a node could land on memory a source of it still holds (add,
-            # transpose, cont after another 3-node graph gave wrong values). A different graph
-            # is measured first, then the pins applied again (measuring resets them).
+            # how they connect: a node could land on memory a source of it still holds, and
+            # read wrong values. A different graph is measured first, then the pins applied
+            # again (measuring resets them).
             self._measure(graph, sources)
             self._apply_pins(graph)
         self._measured = weakref.ref(graph)

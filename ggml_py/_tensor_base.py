@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _types as T
+from . import _types
 from ._buffer import Buffer, BorrowedBuffer
 from ._device import BufferType
-from ._liveness import buffer_device, check_access
+from ._rpc_liveness import buffer_device, check_access
 from ._loader import cstr, ffi, lib
 from .errors import ClosedError, InvalidArgument, InvalidType, OutOfMemory, require
 
@@ -100,7 +100,7 @@ class TensorBase:
                  "__weakref__")
 
     def __init__(self, p: Any, ctx: "Context", ndim: int | None = None,
-                 type: T.GGMLType | None = None, ne: tuple[int, ...] | None = None,
+                 type: _types.GGMLType | None = None, ne: tuple[int, ...] | None = None,
                  nb: tuple[int, ...] | None = None, shape: tuple[int, ...] | None = None,
                  contig: bool | None = None) -> None:
         # facts a builder already knows are given (they equal what ggml holds); the others
@@ -129,9 +129,9 @@ class TensorBase:
 
     # -- facts ------------------------------------------------------------------------------
     @property
-    def type(self) -> T.GGMLType:
+    def type(self) -> _types.GGMLType:
         if self._type is None:
-            self._type = T.of(int(self.ptr.type))
+            self._type = _types.of(int(self.ptr.type))
         return self._type
 
     @property

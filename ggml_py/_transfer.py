@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 
-from . import _types as T
+from . import _types
 from ._written import require_written, wrote
 from ._loader import HELPERS, ffi, lib
 from .errors import InvalidArgument, InvalidType, require
@@ -130,7 +130,7 @@ def blocking_set(t: "Tensor", array: Any, offset: Any = 0, flat: bool = False) -
         return
     if (isinstance(array, np.ndarray) and t.dtype is None and array.dtype == np.float32
             and offset == 0 and array.size == t.size):
-        array, _ = T.quantize(array.reshape(-1, t.ne[0]), t.type)  # quantize floats on the way in
+        array, _ = _types.quantize(array.reshape(-1, t.ne[0]), t.type)  # quantize floats on the way in
     array, offset = _host_array(t, array, offset, writable=False, what="set", memory=False)
     if array.nbytes:
         with t.ctx._lock:
@@ -190,7 +190,7 @@ def to_numpy(t: "Tensor", copy: bool | None, raw: bool = False) -> np.ndarray:
     if t.dtype is not None:
         return blocking_get(t, np.empty(t.shape, dtype=t.dtype), raw=True)
     data = blocking_get(t, np.empty(t.nbytes, dtype=np.uint8), raw=True)
-    return T.from_float_bytes(t.type, data, t.size).reshape(t.shape)
+    return _types.from_float_bytes(t.type, data, t.size).reshape(t.shape)
 
 
 def _same_device(t: "Tensor", backend: "Backend", role: str, *, strict: bool = False) -> None:

@@ -9,7 +9,7 @@ the user set the variable, nothing changes.
 
 When the user set the variable, ggml parses it as a list of indices into the loader's devices
 and, for an index past the end, throws a C++ exception from its registry's initialisation,
-which ends the process (a segmentation fault on the H200, issue 17). ggml_py reads the list
+which ends the process. ggml_py reads the list
 first, by ggml's own parsing rules, and refuses such a value with an ImportError that names it.
 """
 from __future__ import annotations

@@ -83,7 +83,7 @@ _api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 
 # Capsules are made without a destructor: a consumer that refuses one (numpy and bf16)
 # destroys it with its exception set, and Python code run then (a ctypes or cffi callback)
-# fails: the export leaked and the consumer's error became a SystemError. Instead this module
+# fails: the export would leak and the consumer's error become a SystemError. Instead this module
 # holds each capsule it made and sweeps them in plain Python (at the next export and after
 # each collection): a capsule no one else holds any more either was consumed (renamed
 # "used_dltensor[_versioned]": the consumer calls the deleter) or not (its export is freed).

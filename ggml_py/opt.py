@@ -33,7 +33,7 @@ import numpy as np
 
 from . import _features
 from ._handle import Owned
-from ._liveness import buffer_device, endpoint_of, ensure_alive
+from ._rpc_liveness import buffer_device, endpoint_of, ensure_alive
 from ._loader import ffi, lib
 from .errors import (GGMLError, InvalidArgument, UnsupportedError, check_ptr,
                      check_status, require)

@@ -25,7 +25,7 @@ from ._features import old_rpc_api
 from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib
 from .errors import (GGMLError, InvalidType, RPCError, RPCVersionError, UnsupportedError,
                      check_ptr, require)
-from . import _handle, _liveness
+from . import _backend, _handle, _rpc_liveness
 from ._context import Context
 from ._device import Device, Registry, device as _lookup, env_at_first_lookup
 
@@ -205,7 +205,7 @@ def close_dependents(endpoint: str) -> None:
     (contexts first: they own their buffers)."""
     from ._handle import LIVE
     users = [o for o in list(LIVE) if not o.closed
-             and any(_liveness.endpoint_of(d) == endpoint for d in o._devices())]
+             and any(_rpc_liveness.endpoint_of(d) == endpoint for d in o._devices())]
     for o in sorted(users, key=lambda o: not isinstance(o, Context)):
         o.close()
 
@@ -242,9 +242,8 @@ def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir
              for d in devices]
     require(isinstance(port, int) and not isinstance(port, bool) and 0 <= port < 65536,
             f"serve: port must be an int in 0..65535, got {port!r}")
-    require(threads is None or (isinstance(threads, int) and not isinstance(threads, bool)
-                                and 1 <= threads <= int(lib.GGML_MAX_N_THREADS)),
-            f"serve: threads must be an int in 1..{int(lib.GGML_MAX_N_THREADS)}, got {threads!r}")
+    if threads is not None:
+        threads = _backend.check_n_threads(threads, "serve: threads")
     if port:
         try:
             with socket.create_connection((host, port), timeout=0.5):
@@ -272,7 +271,7 @@ def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     server = Server(proc, endpoint)
-    _liveness.served_by(endpoint, proc)
+    _rpc_liveness.served_by(endpoint, proc)
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
@@ -341,7 +340,7 @@ def connect(endpoint: str, timeout: float = 5.0) -> Registry:
     raw = check_ptr(add_server(endpoint.encode()),
                     f"the RPC server at {endpoint} offers no devices", RPCError)
     lib.ggml_backend_register(raw)
-    _liveness.remember([lib.ggml_backend_reg_dev_get(raw, i)
+    _rpc_liveness.remember([lib.ggml_backend_reg_dev_get(raw, i)
                         for i in range(int(lib.ggml_backend_reg_dev_count(raw)))], endpoint)
     reg = _connected[endpoint] = Registry(raw)
     _keep_connected(endpoint, reg.devices)
@@ -372,7 +371,7 @@ def _connect_one_device(endpoint: str) -> Registry:
     raw = check_ptr(add_device(endpoint.encode()),
                     f"the RPC server at {endpoint} offers no devices", RPCError)
     lib.ggml_backend_device_register(raw)
-    _liveness.remember([raw], endpoint)
+    _rpc_liveness.remember([raw], endpoint)
     dev = Device._of(raw)
     reg = _connected[endpoint] = EndpointRegistry(lib.ggml_backend_dev_backend_reg(raw), [dev])
     _keep_connected(endpoint, [dev])

@@ -42,6 +42,56 @@ def test_cpu_threads_default_without_affinity(cpu, monkeypatch):
         assert be.n_threads == usable_cores_here()
 
 
+BAD_THREADS = [0, -1, True, 1.5, 10 ** 6]     # (10 ** 6: above any GGML_MAX_N_THREADS)
+
+
+def test_every_thread_count_goes_through_one_rule(cpu, monkeypatch, capsys):
+    """Each public entry point that takes a thread count (Device.backend, Backend.n_threads,
+    rpc.serve, the rpc-server's --threads) refuses a bad one through _backend.check_n_threads,
+    with its message: an entry point that checks on its own, or not at all, fails here."""
+    import pytest
+    from ggml_py import _backend, _rpc_server
+    from ggml_py.errors import InvalidArgument
+
+    rule = _backend.check_n_threads
+    seen: list = []
+
+    def spy(n, what="n_threads"):
+        seen.append(n)
+        return rule(n, what)
+
+    monkeypatch.setattr(_backend, "check_n_threads", spy)
+
+    def message(n, what):
+        with pytest.raises(InvalidArgument) as e:
+            rule(n, what)
+        return str(e.value)
+
+    with cpu.backend(n_threads=1) as be:
+        entry_points = [
+            ("n_threads", lambda n: cpu.backend(n_threads=n)),
+            ("n_threads", lambda n: setattr(be, "n_threads", n)),
+            ("serve: threads", lambda n: gg.rpc.serve(threads=n)),
+        ]
+        for what, call in entry_points:
+            for n in BAD_THREADS:
+                seen.clear()
+                with pytest.raises(InvalidArgument) as e:
+                    call(n)
+                assert str(e.value) == message(n, what) and seen and seen[0] is n, (what, n)
+        assert be.n_threads == 1                      # the refused values changed nothing
+        for n in (0, -1, 10 ** 6):                    # (argparse turns away what is no int)
+            seen.clear()
+            with pytest.raises(SystemExit) as e:
+                _rpc_server.main(["--threads", str(n)])
+            assert e.value.code == 2 and seen == [n]
+            assert message(n, "--threads") in capsys.readouterr().err
+
+    monkeypatch.undo()
+    with cpu.backend(n_threads=np.int64(2)) as be:       # a numpy integer passes, as an int
+        assert be.n_threads == 2 and type(be.n_threads) is int
+
+
 def test_set_get_roundtrip(dev, rng):
     x = rng.standard_normal((8, 33)).astype(np.float32)
     with dev.backend() as be, gg.Context() as ctx:

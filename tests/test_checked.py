@@ -24,7 +24,7 @@ import pytest
 import ggml_py as gg
 from ggml_py.ops import _common
 
-pytestmark = pytest.mark.skipif(_common.CHECKED is None,
+pytestmark = pytest.mark.skipif(_common.CHECKED_OPS is None,
                                 reason="ABI-mode bindings: there are no checked ops to compare")
 
 CASES = r"""
@@ -41,7 +41,7 @@ TYPES = [gg.f32] * 5 + [gg.f16, gg.f16, gg.bf16, gg.i32, gg.i16, gg.i8, gg.f64, 
 # which checked ops built and which refused (to stderr: stdout is compared)
 import collections
 STATS = collections.Counter()
-if gg.ops._common.CHECKED is not None:
+if gg.ops._common.CHECKED_OPS is not None:
     # every op calls its helper through a module name _C_<HELPER>: each is wrapped to count
     def counting(helper):
         def counted(*args):
@@ -292,7 +292,7 @@ def test_the_switch_turns_the_checked_ops_off():
     # without the switch the common case is built in C; with it the Python path builds it,
     # so the comparison above compares two different paths
     code = ("import ggml_py as gg; from ggml_py.ops import _common; "
-            "print(_common.CHECKED is None)")
+            "print(_common.CHECKED_OPS is None)")
     for env_value, expect in ((None, "False"), ("1", "True")):
         env = dict(os.environ)
         env.pop("GGML_PY_NO_CHECKED", None)

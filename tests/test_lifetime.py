@@ -513,10 +513,10 @@ def counted(fn):
     return free
 
 
-from ggml_py import _handle, _metadata   # every free of the objects below is counted
+from ggml_py import _handle, _record_pool   # every free of the objects below is counted
 _handle._release = counted(_handle._release)
-_metadata.release = counted(_metadata.release)
-_metadata.release_all = counted(_metadata.release_all)
+_record_pool.release = counted(_record_pool.release)
+_record_pool.release_all = counted(_record_pool.release_all)
 
 
 class Reader:

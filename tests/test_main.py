@@ -69,7 +69,7 @@ def test_rpc_server_port_in_use_fails_with_the_reason():
 
 def test_rpc_server_bad_options_are_refused():
     r = run_main("rpc-server", "--threads", "0")
-    assert r.returncode == 2 and "--threads must be 1.." in r.stderr
+    assert r.returncode == 2 and "--threads must be an int in 1.." in r.stderr
     r = run_main("rpc-server", "--port", "70000")
     assert r.returncode == 2 and "--port must be 1..65535" in r.stderr
     r = run_main("rpc-server", "--host", "0.0.0.0")

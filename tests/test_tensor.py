@@ -182,7 +182,7 @@ def test_imports_run_one_way():
     """No module of the package imports (even inside a function) a module above it."""
     import ast
     import pathlib
-    order = ["errors", "_loader", "_handle", "_liveness", "_types", "_buffer", "_transfer",
+    order = ["errors", "_loader", "_handle", "_rpc_liveness", "_types", "_buffer", "_transfer",
              "_backend", "_event", "_device", "_tensor_base", "ops", "_tensor", "_context",
              "dlpack", "_graph", "_scheduler", "rpc"]
     root = pathlib.Path(gg.__file__).parent

@@ -26,8 +26,8 @@ FLOAT_TYPES = frozenset(TYPES[n] for n in FLOAT if n in TYPES)     # the same, a
 
 # Types the backends' kernels compute, per op, where they are fewer than the op's own rules
 # allow: ggml's CPU and CUDA backends report these ops as supported for any type and then abort
-# in the kernel (0.25.3: ggml-cpu/ops.cpp, ggml-cuda/sum.cu and cpy.cu; found by
-# tests/test_op_types.py). The CPU is every scheduler's fallback, so these are the rule.
+# in the kernel (0.25.3: ggml-cpu/ops.cpp, ggml-cuda/sum.cu and cpy.cu; tests/test_op_types.py
+# checks them). The CPU is every scheduler's fallback, so these are the rule.
 CPU_TYPES = {
     "sum": {"f32"}, "scale": {"f32", "bf16"}, "sum_rows": {"f32"}, "mean": {"f32"}, "soft_max": {"f32"},
     "strided copy": {"f32", "f16", "bf16", "i32", "i16"},
@@ -87,7 +87,7 @@ def cpu_mask(rule: str) -> int:
 #: chunk, or words the refusal). None for ABI-mode bindings or with GGML_PY_NO_CHECKED=1 set,
 #: and every op then takes its Python path (tests/test_checked.py runs the same generated
 #: calls both ways)
-CHECKED: Any = lib if HELPERS and not os.environ.get("GGML_PY_NO_CHECKED") else None
+CHECKED_OPS: Any = lib if HELPERS and not os.environ.get("GGML_PY_NO_CHECKED") else None
 FLOAT_MASK = type_mask(FLOAT)
 _RULE_LOCK = threading.Lock()
 
@@ -96,10 +96,10 @@ def rule(mask: int) -> int:
     """The id helpers.c knows the type set `mask` by, for the checked ops that take one
     (registered once, at an ops module's import; -1, which refuses every type, without the
     helpers or when helpers.c's table of 64 is full)."""
-    if CHECKED is None:
+    if CHECKED_OPS is None:
         return -1
     with _RULE_LOCK:                 # (cffi lets go of the GIL: one registration at a time)
-        return int(CHECKED.ggml_py_rule(mask))
+        return int(CHECKED_OPS.ggml_py_rule(mask))
 
 
 def tensor(x: Any, op: str, what: str = "a") -> Tensor:
@@ -217,4 +217,4 @@ __all__ = ["FLOAT", "FLOAT_TYPES", "CPU_TYPES", "CPU_TYPES_SINCE", "RELEASE", "M
            "cpu_type", "rows", "blas_rows", "blas_rows_ok", "contiguous",
 
            "can_repeat", "prod", "need", "build", "float_of", "index_of", "type_mask",
-           "cpu_mask", "CHECKED", "FLOAT_MASK", "rule"]
+           "cpu_mask", "CHECKED_OPS", "FLOAT_MASK", "rule"]

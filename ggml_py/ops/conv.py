@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _types as T
+from .. import _types
 from .._loader import lib
 from ..errors import InvalidType, require
 from ._common import RELEASE, build, cpu_type, floats, index_of, rows, tensor
@@ -70,7 +70,7 @@ def im2col(kernel: Tensor, data: Tensor, stride: Any = 1, padding: Any = 0, dila
     stride/padding/dilation are (height, width) pairs or ints; the 1-D form uses width."""
     a, b = tensor(kernel, "im2col", "kernel"), tensor(data, "im2col", "data")
     args = _im2col_args(a, b, stride, padding, dilation, bool(is_2d))
-    out_t = T.of(dtype)
+    out_t = _types.of(dtype)
     require(out_t.name in ("f32", "f16"), "im2col: dtype must be f32 or f16", InvalidType)
     if out_t.name == "f16":
         _f16_columns(a, "im2col")

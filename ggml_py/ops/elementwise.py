@@ -14,7 +14,7 @@ import numpy as np
 from .._loader import ffi, lib
 from .._tensor_base import TensorBase
 from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
-from ._common import (CHECKED, CPU_TYPES, FLOAT_MASK, FLOAT_TYPES, cpu_mask, MAX_DIMS, build,
+from ._common import (CHECKED_OPS, CPU_TYPES, FLOAT_MASK, FLOAT_TYPES, cpu_mask, MAX_DIMS, build,
                       can_repeat, contiguous, cpu_type, float_of, floats, need, rows, rule,
                       scalable, tensor)
 from .shape import cont, repeat
@@ -49,13 +49,13 @@ def _broadcast(a: Tensor, b: Tensor, name: str) -> tuple[Tensor, Tensor]:
 
 
 # ggml's binary builders as C function pointers, for helpers.c's checked binary op
-_FN2 = {n: ffi.addressof(lib, f"ggml_{n}") for n in ("add", "sub", "mul", "div")} if CHECKED else {}
+_FN2 = {n: ffi.addressof(lib, f"ggml_{n}") for n in ("add", "sub", "mul", "div")} if CHECKED_OPS else {}
 # helpers.c's checked ops these functions call (module names: tests/test_checked.py counts
 # their calls); None without the helpers
-_C_BINARY: Any = CHECKED.ggml_py_binary if CHECKED is not None else None
-_C_UNARY: Any = CHECKED.ggml_py_unary if CHECKED is not None else None
-if CHECKED is not None:
-    CHECKED.ggml_py_binary_types(FLOAT_MASK)      # (the rule's types, given to C once)
+_C_BINARY: Any = CHECKED_OPS.ggml_py_binary if CHECKED_OPS is not None else None
+_C_UNARY: Any = CHECKED_OPS.ggml_py_unary if CHECKED_OPS is not None else None
+if CHECKED_OPS is not None:
+    CHECKED_OPS.ggml_py_binary_types(FLOAT_MASK)      # (the rule's types, given to C once)
 _TENSOR: Any = None      # Tensor, the class of the checked ops' results (named by ops.bind)
 
 
@@ -106,7 +106,7 @@ def binary_op(name: str, numpy: bool, doc: str = "",
     """ggml_<name> (add, sub, mul, div) of `a` and `b`, as gg.add... (`numpy` False: ggml's
     repeat rule) or as Tensor's operators (`numpy` True; `scalar(a, b)` takes a `b` that is no
     tensor). Tensors of one context that pass the rule at once are built in one checked call
-    (helpers.c) made in the function itself, as every checked op's is (see _common.CHECKED):
+    (helpers.c) made in the function itself, as every checked op's is (see _common.CHECKED_OPS):
     these are the calls that build graphs node by node, and a Python frame more costs a tenth
     of one; everything else goes to :func:`binary`."""
     fn = getattr(lib, f"ggml_{name}")
@@ -176,7 +176,7 @@ def fill(a: Tensor, value: float) -> Tensor:
 def _unary(fn_name: str, name: str) -> Callable[[Tensor], Tensor]:
     fn = getattr(lib, fn_name, None)
     # the rule below as helpers.c checks it: the float types the kernels compute
-    fast = ffi.addressof(lib, fn_name) if CHECKED is not None and fn is not None else None
+    fast = ffi.addressof(lib, fn_name) if CHECKED_OPS is not None and fn is not None else None
     types = rule(cpu_mask(name) if name in CPU_TYPES else FLOAT_MASK)
 
     def op(a: Tensor) -> Tensor:

@@ -13,7 +13,7 @@ import numpy as np
 from .._loader import lib
 from ..errors import InvalidArgument, InvalidType, require
 from .._types import TYPES
-from ._common import (CHECKED, FLOAT, FLOAT_MASK, blas_rows, blas_rows_ok, build, cpu_type, prod,
+from ._common import (CHECKED_OPS, FLOAT, FLOAT_MASK, blas_rows, blas_rows_ok, build, cpu_type, prod,
                       rows, rule, tensor, type_mask)
 from .shape import cont, repeat, reshape, transpose
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # mul_mat's `a`: float or quantized (the CPU has dot products for those only)
 _MM_A = rule(type_mask(n for n, t in TYPES.items() if n in FLOAT or t.block_size > 1))
 _MM_B = rule(FLOAT_MASK)
-_C_MUL_MAT: Any = CHECKED.ggml_py_mul_mat if CHECKED is not None else None
+_C_MUL_MAT: Any = CHECKED_OPS.ggml_py_mul_mat if CHECKED_OPS is not None else None
 _TENSOR: Any = None      # Tensor, the class of the checked ops' results (named by ops.bind)
 
 

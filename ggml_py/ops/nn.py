@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._loader import BUILD, ffi, lib
 from ..errors import InvalidType, require
-from ._common import (CHECKED, build, contiguous, cpu_mask, cpu_type, float_of, floats, index_of,
+from ._common import (CHECKED_OPS, build, contiguous, cpu_mask, cpu_type, float_of, floats, index_of,
                       rows, rule, tensor)
 
 if TYPE_CHECKING:
@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 # the types each kernel computes, for helpers.c's checked ops
 _NORM, _RMS_NORM, _SOFT_MAX, _ROPE = (rule(cpu_mask(r)) for r in ("norm", "rms_norm",
                                                                   "soft_max", "rope_ext"))
-_C_NORM: Any = CHECKED.ggml_py_norm if CHECKED is not None else None
-_C_SOFT_MAX: Any = CHECKED.ggml_py_soft_max if CHECKED is not None else None
-_C_ROPE: Any = CHECKED.ggml_py_rope if CHECKED is not None else None
+_C_NORM: Any = CHECKED_OPS.ggml_py_norm if CHECKED_OPS is not None else None
+_C_SOFT_MAX: Any = CHECKED_OPS.ggml_py_soft_max if CHECKED_OPS is not None else None
+_C_ROPE: Any = CHECKED_OPS.ggml_py_rope if CHECKED_OPS is not None else None
 _TENSOR: Any = None      # Tensor, the class of the checked ops' results (named by ops.bind)
 
 

@@ -10,7 +10,7 @@ from .._loader import lib
 from .._tensor_base import shape_of
 from .._types import GGMLType
 from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
-from ._common import (CHECKED, FLOAT, MAX_DIMS, build, contiguous, cpu_mask, cpu_type, index_of,
+from ._common import (CHECKED_OPS, FLOAT, MAX_DIMS, build, contiguous, cpu_mask, cpu_type, index_of,
                       need, prod, rows, rule, tensor)
 
 if TYPE_CHECKING:
@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 #: (ndim, numpy axes) -> ggml's permutation, for each valid permutation met (axes of ints)
 _PERMS: dict[tuple[int, tuple[int, ...]], tuple[int, ...]] = {}
 _STRIDED = rule(cpu_mask("strided copy"))      # the types cont gathers from a view
-_C_RESHAPE: Any = CHECKED.ggml_py_reshape if CHECKED is not None else None
-_C_PERMUTE: Any = CHECKED.ggml_py_permute if CHECKED is not None else None
-_C_CONT: Any = CHECKED.ggml_py_cont if CHECKED is not None else None
+_C_RESHAPE: Any = CHECKED_OPS.ggml_py_reshape if CHECKED_OPS is not None else None
+_C_PERMUTE: Any = CHECKED_OPS.ggml_py_permute if CHECKED_OPS is not None else None
+_C_CONT: Any = CHECKED_OPS.ggml_py_cont if CHECKED_OPS is not None else None
 _TENSOR: Any = None      # Tensor, the class of the checked ops' results (named by ops.bind)
 
 

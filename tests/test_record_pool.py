@@ -1,4 +1,4 @@
-"""The ggml contexts that hold tensor records and graphs (ggml_py/_metadata.py): given back
+"""The ggml contexts that hold tensor records and graphs (ggml_py/_record_pool.py): given back
 when nothing can read them, kept for the next of their size up to Context.pool_limit, and
 reused empty."""
 import gc
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from ggml_py import _metadata
+from ggml_py import _record_pool
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def _chain(ctx, n):
 
 
 def _accounted():
-    return sum(size * len(chunks) for size, chunks in _metadata._pool.items())
+    return sum(size * len(chunks) for size, chunks in _record_pool._pool.items())
 
 
 def test_a_context_of_many_chunks_is_given_back_when_dropped(pool):
@@ -40,12 +40,12 @@ def test_a_context_of_many_chunks_is_given_back_when_dropped(pool):
         ctx = gg.Context(capacity=16)
         _chain(ctx, 100)
         assert int(repr(ctx)[len("<Context chunks="):-1]) >= 2
-        before = _metadata.pooled()
+        before = _record_pool.pooled()
         ref = weakref.ref(ctx)
         ctx.close()
         del ctx
         assert ref() is None
-        assert _metadata.pooled() > before
+        assert _record_pool.pooled() > before
     finally:
         gc.enable()
 
@@ -55,10 +55,10 @@ def test_freed_chunks_are_reused_empty_and_compute_right(pool, cpu):
     with gg.Context(capacity=64) as ctx:
         _chain(ctx, 200)                    # several chunks, full of records
     del ctx
-    held = _metadata.pooled()
+    held = _record_pool.pooled()
     assert held > 0 and held == _accounted()
     with cpu.backend() as be, gg.Context(capacity=64) as ctx:
-        assert _metadata.pooled() < held        # its first chunk came from the pool
+        assert _record_pool.pooled() < held        # its first chunk came from the pool
         assert ctx.n_tensors() == 0 and ctx.tensors == []
         a = ctx.from_numpy(x)
         out = a
@@ -73,17 +73,17 @@ def test_freed_chunks_are_reused_empty_and_compute_right(pool, cpu):
 
 def test_pool_limit_bounds_what_is_kept(pool):
     assert gg.Context.pool_limit(0) == 64 << 20
-    assert _metadata.pooled() == 0
+    assert _record_pool.pooled() == 0
     with gg.Context(capacity=64) as ctx:
         _chain(ctx, 10)
     del ctx
-    assert _metadata.pooled() == 0              # nothing kept with a limit of 0
+    assert _record_pool.pooled() == 0              # nothing kept with a limit of 0
     gg.Context.pool_limit(1 << 20)
     for _ in range(3):
         with gg.Context(capacity=64) as ctx:
             _chain(ctx, 500)
         del ctx
-        assert 0 < _metadata.pooled() <= 1 << 20
+        assert 0 < _record_pool.pooled() <= 1 << 20
     for bad, exc in ((-1, gg.InvalidArgument), (1.5, gg.InvalidType), (True, gg.InvalidType),
                      ("8", gg.InvalidType)):
         with pytest.raises(exc, match="pool_limit"):
@@ -97,16 +97,16 @@ def test_a_closed_graph_keeps_its_memory_until_collected(pool):
     ctx = gg.Context(capacity=32)
     g = gg.Graph(_chain(ctx, 40))
     assert g.n_nodes == 40
-    before = _metadata.pooled()
+    before = _record_pool.pooled()
     ctx.close()
-    assert _metadata.pooled() == before
+    assert _record_pool.pooled() == before
     with pytest.raises(gg.ClosedError):
         g.n_nodes
     with pytest.raises(gg.ClosedError):
         g.nodes
     del g, ctx
     gc.collect()
-    assert _metadata.pooled() > before
+    assert _record_pool.pooled() > before
 
 
 def test_threads_building_and_dropping_contexts_keep_the_books(pool):
@@ -131,12 +131,12 @@ def test_threads_building_and_dropping_contexts_keep_the_books(pool):
         th.join()
     assert not errors, errors
     gc.collect()
-    assert _metadata.pooled() == _accounted() <= 64 << 20
+    assert _record_pool.pooled() == _accounted() <= 64 << 20
 
 
 RETRIED = r"""
 import gc, sys, numpy as np, ggml_py as gg
-from ggml_py import _metadata
+from ggml_py import _record_pool
 gg.Context.pool_limit(int(sys.argv[1]))
 be = gg.device("CPU").backend()
 ctx = gg.Context(capacity=16)
@@ -151,7 +151,7 @@ for _ in range(3):
 del a, bufs, ctx
 gc.collect()                      # (a second release: a double free without the pool)
 assert all(len(set(int(gg.ffi.cast("uintptr_t", r)) for r in chunks)) == len(chunks)
-           for chunks in _metadata._pool.values())
+           for chunks in _record_pool._pool.values())
 c1, c2 = gg.Context(capacity=16), gg.Context(capacity=16)
 x = c1.tensor(gg.f32, (4,), "x")
 y = c2.tensor(gg.f32, (8,), "y")

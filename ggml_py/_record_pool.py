@@ -1,13 +1,12 @@
-"""ggml contexts of metadata only (``no_alloc``: tensor records, graphs), made and freed here
-so that they are reused.
+"""The record pool: ggml contexts of metadata only (``no_alloc``: tensor records, graph
+memory), made and freed here so that they are reused.
 
 A chunk freed by :func:`release` is reset (``ggml_reset``) and kept for the next
 :func:`new` of its size, up to :func:`pool_limit` bytes in all (32 MiB unless set). A program
 that builds its graph again and again (a decoder's graph for each token, a benchmark's loop)
 then writes its records into memory it has touched before: freed back to the C allocator,
-chunks of the default size went back to the kernel and came back as fresh pages, and on the
-development machine those page faults cost about 2 us per 4 KiB, a fifth of building a
-10,000-add chain (benchmarks/RESULTS.md).
+chunks of the default size go back to the kernel and return as fresh pages, whose faults are
+a sizeable part of building a graph (docs/architecture.md, "Why").
 
 A chunk comes back here only when nothing can read it any more (a Context's chunks when the
 Context object is collected, a Graph's when the Graph is), so reusing it is as safe as the

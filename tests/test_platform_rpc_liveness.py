@@ -6,16 +6,16 @@ import socket
 
 import pytest
 
-from ggml_py import _liveness
+from ggml_py import _rpc_liveness
 
 
 def test_state_queries_per_platform():
-    assert _liveness.tcp_state_query("linux") == (11, None)          # TCP_INFO
-    option, to_linux = _liveness.tcp_state_query("darwin")
+    assert _rpc_liveness.tcp_state_query("linux") == (11, None)          # TCP_INFO
+    option, to_linux = _rpc_liveness.tcp_state_query("darwin")
     assert option == 0x106                                            # TCP_CONNECTION_INFO
     assert to_linux[4] == 1 and to_linux[5] == 8     # ESTABLISHED, CLOSE_WAIT (tcp_fsm.h)
     assert sorted(to_linux) == list(range(11)) and len(set(to_linux.values())) == 11
-    assert _liveness.tcp_state_query("win32") is None
+    assert _rpc_liveness.tcp_state_query("win32") is None
     if hasattr(socket, "TCP_INFO"):
         assert socket.TCP_INFO == 11
 
@@ -46,27 +46,27 @@ def _no_proc(monkeypatch):
 
 @pytest.mark.parametrize("proc", [True, False], ids=["proc", "no-proc"])
 def test_established_then_close_wait(connection, monkeypatch, proc):
-    if _liveness.tcp_state_query(__import__("sys").platform) is None:
+    if _rpc_liveness.tcp_state_query(__import__("sys").platform) is None:
         pytest.skip("no TCP state query on this platform")
     cli, acc, port = connection
     if not proc:
         if not os.path.isdir("/dev/fd"):
             pytest.skip("no /dev/fd here")
         _no_proc(monkeypatch)
-    _liveness._SOCKETS.pop(("127.0.0.1", port), None)
-    assert _liveness._connection_states("127.0.0.1", port) == {1}      # scanned
-    assert ("127.0.0.1", port) in _liveness._SOCKETS
-    assert _liveness._connection_states("127.0.0.1", port) == {1}      # the remembered fd
+    _rpc_liveness._SOCKETS.pop(("127.0.0.1", port), None)
+    assert _rpc_liveness._connection_states("127.0.0.1", port) == {1}      # scanned
+    assert ("127.0.0.1", port) in _rpc_liveness._SOCKETS
+    assert _rpc_liveness._connection_states("127.0.0.1", port) == {1}      # the remembered fd
     acc.close()                                                        # the server goes
     import time
     for _ in range(100):
-        if _liveness._connection_states("127.0.0.1", port) == {8}:
+        if _rpc_liveness._connection_states("127.0.0.1", port) == {8}:
             break
         time.sleep(0.01)
-    assert _liveness._connection_states("127.0.0.1", port) == {8}      # CLOSE_WAIT
+    assert _rpc_liveness._connection_states("127.0.0.1", port) == {8}      # CLOSE_WAIT
 
 
 def test_nothing_connected_is_an_empty_set():
     with socket.create_server(("127.0.0.1", 0)) as srv:
         port = srv.getsockname()[1]
-        assert _liveness._connection_states("127.0.0.1", port) in (set(), None)
+        assert _rpc_liveness._connection_states("127.0.0.1", port) in (set(), None)
