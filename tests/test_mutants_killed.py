@@ -2,11 +2,16 @@
 test asserted: each case removes one `require`/`rows` rule when its check is mutated away, and
 must then fail here (the wrong exception, or none). Most were covered only by the corpus, whose
 child process runs last and past the mutants' test cap."""
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
 import ggml_py as gg
 from ggml_py import opt
+from conftest import ROOT, child_env
 
 
 @pytest.fixture
@@ -248,3 +253,65 @@ def test_optimizer_refusals(one_layer):
     be, ctx, x, w = one_layer
     with pytest.raises(gg.InvalidArgument, match="opt_period"):
         opt.Optimizer(be, x, gg.mul_mat(w, x), [w], opt_period=0)
+
+
+def test_broadcast_mul_mat_has_no_gradient(one_layer):
+    """ggml has no backward pass of a mul_mat whose batch axes broadcast (Optimizer refuses the
+    shape before this rule: opt.gradients is the way in)."""
+    be, ctx, x, w = one_layer
+    with gg.Context() as c2:
+        a = c2.tensor(gg.f32, (1, 3, 4))                      # ne (4, 3, 1)
+        b = c2.tensor(gg.f32, (2, 5, 4))                      # ne (4, 5, 2): batch 2 over 1
+        c2.alloc(be)
+        a.set(np.ones((1, 3, 4), np.float32))
+        b.set(np.ones((2, 5, 4), np.float32))
+        with pytest.raises(gg.InvalidArgument, match="broadcast mul_mat"):
+            opt.gradients(gg.sum(gg.mul_mat(a, b)), [a], be)
+        # the same product without broadcasting is differentiated (the rule is that narrow)
+        a2 = c2.tensor(gg.f32, (2, 3, 4))
+        c2.alloc(be)
+        a2.set(np.ones((2, 3, 4), np.float32))
+        (da,) = opt.gradients(gg.sum(gg.mul_mat(a2, b)), [a2], be)
+        assert da.shape == (2, 3, 4) and np.allclose(da, 5.0)
+
+
+def test_tensors_listed_in_creation_order_across_chunks():
+    """A Context opens a new chunk when the Python path asks for more room than is left; the
+    checked ops (helpers.c) must then build in that chunk too, or a tensor made later lands
+    in the old chunk and tensors() (creation order) lists it before older ones."""
+    with gg.Context(capacity=8) as ctx:                       # chunks of about 70 records
+        a = ctx.tensor(gg.f32, (4,))
+        made = [a]
+        for _ in range(120):                                  # past the first chunk
+            made.append(gg.sum(a))                            # the Python path (asks for 4)
+            made.append(a + a)                                # a checked op, when helpers.c is
+        assert len(ctx.spans()) >= 2
+        listed = ctx.tensors
+        assert len(listed) == len(made)
+        assert all(t.ptr == m.ptr for t, m in zip(listed, made))
+
+
+def test_buffer_of_a_dead_rpc_server_raises_and_the_process_survives():
+    """A buffer keeps its device to ask whether the server is alive: clear and close of a
+    buffer whose RPC server died raise or warn (ggml's client would abort the process). In a
+    fresh process: the dead server's device stays registered with ggml for good."""
+    code = textwrap.dedent("""
+        import warnings, ggml_py as gg
+        srv = gg.rpc.serve(); (dev,) = gg.rpc.connect(srv.endpoint).devices
+        buf = dev.buffer_type.alloc(1024)
+        buf.clear(3)
+        srv.kill()
+        try:
+            buf.clear(0)
+        except ConnectionError as e:
+            print("raised", "gone" in str(e))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            buf.close()                                       # dropped, not freed
+        print("warned", sum("RPC server is gone" in str(x.message) for x in w))
+        print("survived")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=child_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[:3] == ["raised True", "warned 1", "survived"], r.stdout
