@@ -315,3 +315,55 @@ def test_buffer_of_a_dead_rpc_server_raises_and_the_process_survives():
                        timeout=120, cwd=ROOT, env=child_env())
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split("\n")[:3] == ["raised True", "warned 1", "survived"], r.stdout
+
+
+@pytest.mark.parametrize("where", ["CPU", "RPC"])
+def test_every_output_of_a_graph_keeps_its_value(cpu, rpc_devs, where):
+    """Graph([y1, z]): y1 is an output although later nodes read it, so the graph allocator
+    must not hand its memory to them (ggml_set_output) and y1 reads its own value afterwards."""
+    be = (cpu if where == "CPU" else rpc_devs[0]).backend()
+    x0 = np.arange(1, 65, dtype=np.float32)
+    with gg.Context() as ctx:
+        x = ctx.from_numpy(x0)
+        ctx.alloc(be)
+        y1 = x + x                                   # (no memory of its own: the graph's)
+        z = gg.relu(y1)
+        for _ in range(4):
+            z = gg.relu(z * 3.0) + x
+        be.compute(gg.Graph([y1, z]))
+        want = x0 + x0
+        zw = np.maximum(want, 0)
+        for _ in range(4):
+            zw = np.maximum(zw * 3, 0) + x0
+        assert np.array_equal(y1.numpy(), want)
+        assert np.array_equal(z.numpy(), zw)
+    be.close()
+
+
+def test_compute_refusal_names_the_buffer_type(cpu, rpc_devs):
+    """A CPU backend computing on a tensor in an RPC buffer: the refusal names that buffer
+    type as ggml does."""
+    import re
+    be, rb = cpu.backend(), rpc_devs[0].backend()
+    try:
+        with gg.Context() as ctx:
+            a = ctx.tensor(gg.f32, (4,), "a")
+            ctx.alloc(rb)
+            name = rpc_devs[0].buffer_type.name
+            assert name.startswith("RPC")
+            with pytest.raises(gg.InvalidArgument,
+                               match=f"'a' lives in a {re.escape(name)} buffer, which backend CPU"):
+                be.compute(gg.Graph(a + a))
+    finally:
+        be.close(); rb.close()
+
+
+def test_meta_backend_takes_no_thread_count(rpc_devs):
+    from meta_models import meta_supported
+    if not meta_supported():
+        pytest.skip("ggml_py offers meta devices from ggml 0.26.0")
+    md = gg.meta_device(rpc_devs, {})
+    with pytest.raises(gg.UnsupportedError, match="takes no n_threads"):
+        md.backend(n_threads=2)
+    with md.backend() as be:                          # (the default is taken)
+        assert be.device is md
