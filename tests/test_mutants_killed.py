@@ -367,3 +367,20 @@ def test_meta_backend_takes_no_thread_count(rpc_devs):
         md.backend(n_threads=2)
     with md.backend() as be:                          # (the default is taken)
         assert be.device is md
+
+
+def test_meta_split_sizes_must_be_whole_blocks(rpc_devs):
+    """Split(sizes=...) along a quantized row: each part must hold whole blocks (32 for q4_0);
+    sizes of whole blocks are taken."""
+    from meta_models import meta_supported
+    if not meta_supported():
+        pytest.skip("ggml_py offers meta devices from ggml 0.26.0")
+    md = gg.meta_device(rpc_devs, {"w": gg.Split(axis=-1, sizes=[16, 48])})
+    with md.backend() as be, gg.Context() as ctx:
+        ctx.tensor(gg.q4_0, (4, 64), "w")
+        with pytest.raises(gg.InvalidArgument, match="multiple of the type's block size 32"):
+            ctx.alloc(be)
+    md = gg.meta_device(rpc_devs, {"w": gg.Split(axis=-1, sizes=[32, 32])})
+    with md.backend() as be, gg.Context() as ctx:
+        ctx.tensor(gg.q4_0, (4, 64), "w")
+        ctx.alloc(be)
