@@ -52,6 +52,10 @@ CASES = {
     "flash_attn_ext batch differs": (gg.InvalidArgument, "batch", lambda e, cpu: gg.flash_attn_ext(
         e["ctx"].tensor(gg.f32, (1, 2, 4, 64)), e["ctx"].tensor(gg.f16, (2, 2, 4, 64)),
         e["ctx"].tensor(gg.f16, (2, 2, 4, 64)))),
+    "conv_2d of a transposed kernel": (gg.InvalidArgument, "kernel must be contiguous", lambda e, cpu: gg.conv_2d(
+        gg.transpose(e["ctx"].tensor(gg.f32, (2, 4, 3, 3))), e["ctx"].tensor(gg.f32, (1, 4, 8, 8)))),
+    "quantize rows not whole blocks": (gg.InvalidArgument, "do not split into q4_0 blocks of 32",
+                                       lambda e, cpu: gg.quantize(np.ones((2, 48), np.float32), gg.q4_0)),
 }
 
 
