@@ -54,6 +54,9 @@ CASES = {
         e["ctx"].tensor(gg.f16, (2, 2, 4, 64)))),
     "conv_2d of a transposed kernel": (gg.InvalidArgument, "kernel must be contiguous", lambda e, cpu: gg.conv_2d(
         gg.transpose(e["ctx"].tensor(gg.f32, (2, 4, 3, 3))), e["ctx"].tensor(gg.f32, (1, 4, 8, 8)))),
+    "cpy into a permuted quantized tensor": (gg.InvalidArgument, "quantized destination must be contiguous",
+                                          lambda e, cpu: gg.cpy(e["ctx"].tensor(gg.f32, (3, 2, 4, 64)),
+                                                                gg.permute(e["ctx"].tensor(gg.q4_0, (2, 3, 4, 64)), (1, 0, 2, 3)))),
     "quantize rows not whole blocks": (gg.InvalidArgument, "do not split into q4_0 blocks of 32",
                                        lambda e, cpu: gg.quantize(np.ones((2, 48), np.float32), gg.q4_0)),
 }
@@ -257,6 +260,8 @@ def test_optimizer_refusals(one_layer):
     be, ctx, x, w = one_layer
     with pytest.raises(gg.InvalidArgument, match="opt_period"):
         opt.Optimizer(be, x, gg.mul_mat(w, x), [w], opt_period=0)
+    with pytest.raises(gg.InvalidArgument, match="optimizer must be one of"):
+        opt.Optimizer(be, x, gg.mul_mat(w, x), [w], optimizer="lbfgs")
 
 
 def test_broadcast_mul_mat_has_no_gradient(one_layer):
