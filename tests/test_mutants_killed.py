@@ -57,6 +57,11 @@ CASES = {
     "cpy into a permuted quantized tensor": (gg.InvalidArgument, "quantized destination must be contiguous",
                                           lambda e, cpu: gg.cpy(e["ctx"].tensor(gg.f32, (3, 2, 4, 64)),
                                                                 gg.permute(e["ctx"].tensor(gg.q4_0, (2, 3, 4, 64)), (1, 0, 2, 3)))),
+    "tensor name with NUL": (gg.InvalidArgument, "NUL", lambda e, cpu: setattr(e["rect"], "name", "a\x00b")),
+    "flash_attn_ext mask batch not dividing q's": (gg.InvalidArgument, "mask batch dims", lambda e, cpu: gg.flash_attn_ext(
+        e["ctx"].tensor(gg.f32, (1, 2, 4, 64)), e["ctx"].tensor(gg.f16, (1, 2, 8, 64)),
+        e["ctx"].tensor(gg.f16, (1, 2, 8, 64)), e["ctx"].tensor(gg.f16, (3, 64, 8)))),
+    "scheduler of a generator": (gg.InvalidType, "needs a list", lambda e, cpu: gg.Scheduler(b for b in [cpu.backend()])),
     "quantize rows not whole blocks": (gg.InvalidArgument, "do not split into q4_0 blocks of 32",
                                        lambda e, cpu: gg.quantize(np.ones((2, 48), np.float32), gg.q4_0)),
 }
@@ -262,6 +267,10 @@ def test_optimizer_refusals(one_layer):
         opt.Optimizer(be, x, gg.mul_mat(w, x), [w], opt_period=0)
     with pytest.raises(gg.InvalidArgument, match="optimizer must be one of"):
         opt.Optimizer(be, x, gg.mul_mat(w, x), [w], optimizer="lbfgs")
+    with gg.Context() as c2:
+        w2 = c2.tensor(gg.f32, (3, 2), "w2")                 # never allocated
+        with pytest.raises(gg.InvalidArgument, match="parameter w2 has no memory"):
+            opt.Optimizer(be, x, gg.mul_mat(w2, x), [w2])
 
 
 def test_broadcast_mul_mat_has_no_gradient(one_layer):
@@ -393,3 +402,53 @@ def test_meta_split_sizes_must_be_whole_blocks(rpc_devs):
     with md.backend() as be, gg.Context() as ctx:
         ctx.tensor(gg.q4_0, (4, 64), "w")
         ctx.alloc(be)
+
+
+@pytest.mark.parametrize("where", ["CPU", "RPC"])
+def test_computing_a_graph_again_reads_the_new_inputs(cpu, rpc_devs, where):
+    """The second compute of an unchanged graph on the same backend takes the validated fast
+    path: it must still compute (new input values, new result)."""
+    be = (cpu if where == "CPU" else rpc_devs[0]).backend()
+    with gg.Context() as ctx:
+        x = ctx.tensor(gg.f32, (8,))
+        ctx.alloc(be)
+        y = x * 3.0
+        g = gg.Graph(y)
+        for k in range(1, 4):
+            x.set(np.full(8, k, np.float32))
+            be.compute(g)
+            assert y.numpy().tolist() == [3.0 * k] * 8
+    be.close()
+
+
+def test_epoch_shuffles_only_when_asked(cpu):
+    """SGD with one data point a step: the order of the points changes the trained weights,
+    so an epoch with shuffle=True (ggml_opt_dataset_shuffle) differs from one without, and
+    two epochs without shuffling agree."""
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((8, 2)).astype(np.float32)
+    Y = rng.standard_normal((8, 3)).astype(np.float32)
+    w0 = rng.standard_normal((3, 2)).astype(np.float32)
+    be = cpu.backend(n_threads=1)
+
+    def one_epoch(shuffle):
+        with gg.Context() as ctx:
+            x = ctx.tensor(gg.f32, (1, 2), "x")
+            w = ctx.tensor(gg.f32, (3, 2), "w")
+            ctx.alloc(be)
+            w.set(w0)
+            trainer = opt.Optimizer(be, x, gg.mul_mat(w, x), [w], loss="mse", optimizer="sgd",
+                                    lr=0.2)
+            data = opt.Dataset(X, Y)
+            trainer.epoch(data, shuffle=shuffle)
+            got = w.numpy().copy()
+            trainer.close()
+            data.close()
+        return got
+
+    try:
+        plain, again, shuffled = one_epoch(False), one_epoch(False), one_epoch(True)
+        assert np.array_equal(plain, again)
+        assert not np.allclose(plain, shuffled)
+    finally:
+        be.close()
