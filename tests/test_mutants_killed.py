@@ -2,11 +2,16 @@
 test asserted: each case removes one `require`/`rows` rule when its check is mutated away, and
 must then fail here (the wrong exception, or none). Most were covered only by the corpus, whose
 child process runs last and past the mutants' test cap."""
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
 import ggml_py as gg
 from ggml_py import opt
+from conftest import ROOT, child_env
 
 
 @pytest.fixture
@@ -47,6 +52,18 @@ CASES = {
     "flash_attn_ext batch differs": (gg.InvalidArgument, "batch", lambda e, cpu: gg.flash_attn_ext(
         e["ctx"].tensor(gg.f32, (1, 2, 4, 64)), e["ctx"].tensor(gg.f16, (2, 2, 4, 64)),
         e["ctx"].tensor(gg.f16, (2, 2, 4, 64)))),
+    "conv_2d of a transposed kernel": (gg.InvalidArgument, "kernel must be contiguous", lambda e, cpu: gg.conv_2d(
+        gg.transpose(e["ctx"].tensor(gg.f32, (2, 4, 3, 3))), e["ctx"].tensor(gg.f32, (1, 4, 8, 8)))),
+    "cpy into a permuted quantized tensor": (gg.InvalidArgument, "quantized destination must be contiguous",
+                                          lambda e, cpu: gg.cpy(e["ctx"].tensor(gg.f32, (3, 2, 4, 64)),
+                                                                gg.permute(e["ctx"].tensor(gg.q4_0, (2, 3, 4, 64)), (1, 0, 2, 3)))),
+    "tensor name with NUL": (gg.InvalidArgument, "NUL", lambda e, cpu: setattr(e["rect"], "name", "a\x00b")),
+    "flash_attn_ext mask batch not dividing q's": (gg.InvalidArgument, "mask batch dims", lambda e, cpu: gg.flash_attn_ext(
+        e["ctx"].tensor(gg.f32, (1, 2, 4, 64)), e["ctx"].tensor(gg.f16, (1, 2, 8, 64)),
+        e["ctx"].tensor(gg.f16, (1, 2, 8, 64)), e["ctx"].tensor(gg.f16, (3, 64, 8)))),
+    "scheduler of a generator": (gg.InvalidType, "needs a list", lambda e, cpu: gg.Scheduler(b for b in [cpu.backend()])),
+    "quantize rows not whole blocks": (gg.InvalidArgument, "do not split into q4_0 blocks of 32",
+                                       lambda e, cpu: gg.quantize(np.ones((2, 48), np.float32), gg.q4_0)),
 }
 
 
@@ -248,3 +265,190 @@ def test_optimizer_refusals(one_layer):
     be, ctx, x, w = one_layer
     with pytest.raises(gg.InvalidArgument, match="opt_period"):
         opt.Optimizer(be, x, gg.mul_mat(w, x), [w], opt_period=0)
+    with pytest.raises(gg.InvalidArgument, match="optimizer must be one of"):
+        opt.Optimizer(be, x, gg.mul_mat(w, x), [w], optimizer="lbfgs")
+    with gg.Context() as c2:
+        w2 = c2.tensor(gg.f32, (3, 2), "w2")                 # never allocated
+        with pytest.raises(gg.InvalidArgument, match="parameter w2 has no memory"):
+            opt.Optimizer(be, x, gg.mul_mat(w2, x), [w2])
+
+
+def test_broadcast_mul_mat_has_no_gradient(one_layer):
+    """ggml has no backward pass of a mul_mat whose batch axes broadcast (Optimizer refuses the
+    shape before this rule: opt.gradients is the way in)."""
+    be, ctx, x, w = one_layer
+    with gg.Context() as c2:
+        a = c2.tensor(gg.f32, (1, 3, 4))                      # ne (4, 3, 1)
+        b = c2.tensor(gg.f32, (2, 5, 4))                      # ne (4, 5, 2): batch 2 over 1
+        c2.alloc(be)
+        a.set(np.ones((1, 3, 4), np.float32))
+        b.set(np.ones((2, 5, 4), np.float32))
+        with pytest.raises(gg.InvalidArgument, match="broadcast mul_mat"):
+            opt.gradients(gg.sum(gg.mul_mat(a, b)), [a], be)
+        # the same product without broadcasting is differentiated (the rule is that narrow)
+        a2 = c2.tensor(gg.f32, (2, 3, 4))
+        c2.alloc(be)
+        a2.set(np.ones((2, 3, 4), np.float32))
+        (da,) = opt.gradients(gg.sum(gg.mul_mat(a2, b)), [a2], be)
+        assert da.shape == (2, 3, 4) and np.allclose(da, 5.0)
+
+
+def test_tensors_listed_in_creation_order_across_chunks():
+    """A Context opens a new chunk when the Python path asks for more room than is left; the
+    checked ops (helpers.c) must then build in that chunk too, or a tensor made later lands
+    in the old chunk and tensors() (creation order) lists it before older ones."""
+    with gg.Context(capacity=8) as ctx:                       # chunks of about 70 records
+        a = ctx.tensor(gg.f32, (4,))
+        made = [a]
+        for _ in range(120):                                  # past the first chunk
+            made.append(gg.sum(a))                            # the Python path (asks for 4)
+            made.append(a + a)                                # a checked op, when helpers.c is
+        assert len(ctx.spans()) >= 2
+        listed = ctx.tensors
+        assert len(listed) == len(made)
+        assert all(t.ptr == m.ptr for t, m in zip(listed, made))
+
+
+def test_buffer_of_a_dead_rpc_server_raises_and_the_process_survives():
+    """A buffer keeps its device to ask whether the server is alive: clear and close of a
+    buffer whose RPC server died raise or warn (ggml's client would abort the process). In a
+    fresh process: the dead server's device stays registered with ggml for good."""
+    code = textwrap.dedent("""
+        import warnings, ggml_py as gg
+        srv = gg.rpc.serve(); (dev,) = gg.rpc.connect(srv.endpoint).devices
+        buf = dev.buffer_type.alloc(1024)
+        buf.clear(3)
+        srv.kill()
+        try:
+            buf.clear(0)
+        except ConnectionError as e:
+            print("raised", "gone" in str(e))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            buf.close()                                       # dropped, not freed
+        print("warned", sum("RPC server is gone" in str(x.message) for x in w))
+        print("survived")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=child_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[:3] == ["raised True", "warned 1", "survived"], r.stdout
+
+
+@pytest.mark.parametrize("where", ["CPU", "RPC"])
+def test_every_output_of_a_graph_keeps_its_value(cpu, rpc_devs, where):
+    """Graph([y1, z]): y1 is an output although later nodes read it, so the graph allocator
+    must not hand its memory to them (ggml_set_output) and y1 reads its own value afterwards."""
+    be = (cpu if where == "CPU" else rpc_devs[0]).backend()
+    x0 = np.arange(1, 65, dtype=np.float32)
+    with gg.Context() as ctx:
+        x = ctx.from_numpy(x0)
+        ctx.alloc(be)
+        y1 = x + x                                   # (no memory of its own: the graph's)
+        z = gg.relu(y1)
+        for _ in range(4):
+            z = gg.relu(z * 3.0) + x
+        be.compute(gg.Graph([y1, z]))
+        want = x0 + x0
+        zw = np.maximum(want, 0)
+        for _ in range(4):
+            zw = np.maximum(zw * 3, 0) + x0
+        assert np.array_equal(y1.numpy(), want)
+        assert np.array_equal(z.numpy(), zw)
+    be.close()
+
+
+def test_compute_refusal_names_the_buffer_type(cpu, rpc_devs):
+    """A CPU backend computing on a tensor in an RPC buffer: the refusal names that buffer
+    type as ggml does."""
+    import re
+    be, rb = cpu.backend(), rpc_devs[0].backend()
+    try:
+        with gg.Context() as ctx:
+            a = ctx.tensor(gg.f32, (4,), "a")
+            ctx.alloc(rb)
+            name = rpc_devs[0].buffer_type.name
+            assert name.startswith("RPC")
+            with pytest.raises(gg.InvalidArgument,
+                               match=f"'a' lives in a {re.escape(name)} buffer, which backend CPU"):
+                be.compute(gg.Graph(a + a))
+    finally:
+        be.close(); rb.close()
+
+
+def test_meta_backend_takes_no_thread_count(rpc_devs):
+    from meta_models import meta_supported
+    if not meta_supported():
+        pytest.skip("ggml_py offers meta devices from ggml 0.26.0")
+    md = gg.meta_device(rpc_devs, {})
+    with pytest.raises(gg.UnsupportedError, match="takes no n_threads"):
+        md.backend(n_threads=2)
+    with md.backend() as be:                          # (the default is taken)
+        assert be.device is md
+
+
+def test_meta_split_sizes_must_be_whole_blocks(rpc_devs):
+    """Split(sizes=...) along a quantized row: each part must hold whole blocks (32 for q4_0);
+    sizes of whole blocks are taken."""
+    from meta_models import meta_supported
+    if not meta_supported():
+        pytest.skip("ggml_py offers meta devices from ggml 0.26.0")
+    md = gg.meta_device(rpc_devs, {"w": gg.Split(axis=-1, sizes=[16, 48])})
+    with md.backend() as be, gg.Context() as ctx:
+        ctx.tensor(gg.q4_0, (4, 64), "w")
+        with pytest.raises(gg.InvalidArgument, match="multiple of the type's block size 32"):
+            ctx.alloc(be)
+    md = gg.meta_device(rpc_devs, {"w": gg.Split(axis=-1, sizes=[32, 32])})
+    with md.backend() as be, gg.Context() as ctx:
+        ctx.tensor(gg.q4_0, (4, 64), "w")
+        ctx.alloc(be)
+
+
+@pytest.mark.parametrize("where", ["CPU", "RPC"])
+def test_computing_a_graph_again_reads_the_new_inputs(cpu, rpc_devs, where):
+    """The second compute of an unchanged graph on the same backend takes the validated fast
+    path: it must still compute (new input values, new result)."""
+    be = (cpu if where == "CPU" else rpc_devs[0]).backend()
+    with gg.Context() as ctx:
+        x = ctx.tensor(gg.f32, (8,))
+        ctx.alloc(be)
+        y = x * 3.0
+        g = gg.Graph(y)
+        for k in range(1, 4):
+            x.set(np.full(8, k, np.float32))
+            be.compute(g)
+            assert y.numpy().tolist() == [3.0 * k] * 8
+    be.close()
+
+
+def test_epoch_shuffles_only_when_asked(cpu):
+    """SGD with one data point a step: the order of the points changes the trained weights,
+    so an epoch with shuffle=True (ggml_opt_dataset_shuffle) differs from one without, and
+    two epochs without shuffling agree."""
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((8, 2)).astype(np.float32)
+    Y = rng.standard_normal((8, 3)).astype(np.float32)
+    w0 = rng.standard_normal((3, 2)).astype(np.float32)
+    be = cpu.backend(n_threads=1)
+
+    def one_epoch(shuffle):
+        with gg.Context() as ctx:
+            x = ctx.tensor(gg.f32, (1, 2), "x")
+            w = ctx.tensor(gg.f32, (3, 2), "w")
+            ctx.alloc(be)
+            w.set(w0)
+            trainer = opt.Optimizer(be, x, gg.mul_mat(w, x), [w], loss="mse", optimizer="sgd",
+                                    lr=0.2)
+            data = opt.Dataset(X, Y)
+            trainer.epoch(data, shuffle=shuffle)
+            got = w.numpy().copy()
+            trainer.close()
+            data.close()
+        return got
+
+    try:
+        plain, again, shuffled = one_epoch(False), one_epoch(False), one_epoch(True)
+        assert np.array_equal(plain, again)
+        assert not np.allclose(plain, shuffled)
+    finally:
+        be.close()
