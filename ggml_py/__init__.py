@@ -59,7 +59,8 @@ if TYPE_CHECKING:                  # what type checkers and readers see: the who
                           devices as devices, registries as registries)
     from ._event import Event as Event
     from ._graph import Graph as Graph
-    from ._meta import meta_device as meta_device, meta_reduce as meta_reduce
+    from ._meta import meta_device as meta_device
+    from ._meta_plan import meta_reduce as meta_reduce
     from ._split import Split as Split
     from ._loader import BUILD as BUILD, BUILD_DIR as BUILD_DIR, ffi as ffi, lib as lib
     from ._scheduler import Scheduler as Scheduler
@@ -108,7 +109,7 @@ _HOMES = {
     "_device": ("BufferType", "Caps", "Device", "DeviceList", "Registry", "device", "devices",
                 "registries"),
     "_event": ("Event",), "_graph": ("Graph",),
-    "_split": ("Split",), "_meta": ("meta_device", "meta_reduce"), "_loader": ("BUILD", "BUILD_DIR", "ffi", "lib"),
+    "_split": ("Split",), "_meta": ("meta_device",), "_meta_plan": ("meta_reduce",), "_loader": ("BUILD", "BUILD_DIR", "ffi", "lib"),
     "_scheduler": ("Scheduler",), "_tensor": ("Tensor",), "_transfer": ("copy", "copy_async"),
     "_types": ("TYPES", "GGMLType", "quantize")}
 

@@ -214,8 +214,8 @@ def tensor_repr(t: Any) -> str:
 
 def _meta_rows(t: Any) -> list[list[str]]:
     """On a meta device: which slice (numpy indices) lives on which part."""
-    from . import _meta
-    dev = _safe(lambda: _meta.meta_of_tensor(t), None)
+    from . import _meta_plan
+    dev = _safe(lambda: _meta_plan.meta_of_tensor(t), None)
     if dev is None:
         return []
     placed = _safe(lambda: dev.where(t), None)

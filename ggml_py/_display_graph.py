@@ -128,13 +128,13 @@ def _meta_placement(graph: Any) -> tuple[list[str], dict[Any, tuple[str, list[in
     meta device (kind: "columns" or "rows" for a split on ggml axis 0 or another one,
     "partial" or "mirrored"); empty for other graphs and for
     graphs the meta backend refuses (the picture then shows no placement)."""
-    from . import _meta, _split
+    from . import _meta_plan, _split
     tensors = graph.nodes + graph.leafs
-    dev = next((m for m in (_safe(lambda: _meta.meta_of_tensor(t)) for t in graph.outputs)
+    dev = next((m for m in (_safe(lambda: _meta_plan.meta_of_tensor(t)) for t in graph.outputs)
                 if m is not None), None)
     if dev is None:
         return [], {}
-    planner = _meta._Planner(dev.n_parts)
+    planner = _meta_plan._Planner(dev.n_parts)
     out: dict[Any, tuple[str, list[int], str]] = {}
     for t in tensors:
         st = _safe(lambda: planner.state(t.ptr, False))
