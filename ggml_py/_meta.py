@@ -170,7 +170,6 @@ def _fingerprint(p: Any) -> tuple[Any, ...]:
 # -- devices and backends -------------------------------------------------------------------
 
 
-
 class MetaDevice(Device):
     """A device made of several (``gg.meta_device``): tensors in its buffers are split over
     its `parts` as its `split` says; its backend computes on all of them."""
