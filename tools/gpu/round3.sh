@@ -20,6 +20,12 @@
 # gpu      test_accelerators, test_multi_gpu, test_copy, test_event, test_dlpack,
 #          test_crash_classes (-m "not slow")
 # copymut  the copy_async no-op mutant of tools/mutants.py on the copy tests
+# cpubuild build_ggml.py --backends cpu,rpc (the CPU + RPC build the mutant census runs on)
+# mapcpu   tools/mutants.py's test map of the non-slow suite on that build, in 8 map workers
+#          at once (one per group of test files), merged by --map
+# mutall   every mutant of tools/mutants.py --list on CPU + RPC (-j 14, fork runner), within
+#          MUTALL_S seconds (default 540); a later call runs only the mutants not yet judged
+#          (the .partial lines), so the census spans several 10-minute calls
 #
 # $OUT gets one log per phase (env.txt, build.log, mutate.txt, meta.log, bench.txt, gpu.log,
 # copymut.log, mutcuda.log/.md/.json).
@@ -148,6 +154,56 @@ copymut)
         done
     } > "$OUT/copymut.log" 2>&1
     cat "$OUT/copymut.log"
+    ;;
+cpubuild)
+    python3 build_ggml.py --ggml "$REL" --backends cpu,rpc -j "$(nproc)" > "$OUT/cpubuild.log" 2>&1
+    echo "build_ggml.py exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/cpubuild.log"
+    GGML_PY_BUILD=$W/ggml_py/lib/ggml-$REL-cpu-rpc python3 -m ggml_py 2>&1 | tail -5
+    ;;
+mapcpu)
+    export GGML_PY_BUILD=$W/ggml_py/lib/ggml-$REL-cpu-rpc
+    M=/root/mutstate; mkdir -p $M
+    python3 tools/mutants.py --list > $M/all.txt 2> $M/list.err; tail -1 $M/list.err
+    # the test files of the map (tools/mutants.py's EXCLUDE_TESTS left out), 8 groups by size
+    python3 - <<'PY' > $M/groups.txt
+import sys; sys.path.insert(0, "tools"); import mutants, pathlib
+fs = sorted((p for p in pathlib.Path("tests").rglob("test_*.py") if p.name not in mutants.EXCLUDE_TESTS),
+            key=lambda p: -p.stat().st_size)
+g = [[] for _ in range(8)]
+for i, f in enumerate(fs):
+    g[i % 8].append(str(f))
+for x in g:
+    print(" ".join(x))
+PY
+    i=0
+    while read -r files; do
+        i=$((i + 1))
+        python3 tools/mutants.py --map-worker $M/map$i.json $files > $OUT/map$i.log 2>&1 &
+    done < $M/groups.txt
+    wait
+    for f in $M/map*.json; do python3 -c "import json,sys; d=json.load(open('$f')); print('$f', len(d['durations']), 'tests,', len(d['failed']), 'failed unmutated')"; done
+    cp $M/map*.json $M/all.txt "$OUT/"
+    ;;
+mutall)
+    export GGML_PY_BUILD=$W/ggml_py/lib/ggml-$REL-cpu-rpc
+    M=/root/mutstate
+    touch $M/full.json.partial
+    python3 - <<'PY'
+import json
+done = {json.loads(l)["name"] for l in open("/root/mutstate/full.json.partial") if l.strip()}
+names = [n.strip() for n in open("/root/mutstate/all.txt") if n.strip()]
+left = [n for n in names if n not in done]
+open("/root/mutstate/left.txt", "w").write("\n".join(left) + "\n")
+print(len(done), "judged,", len(left), "left")
+PY
+    maps=(); for f in $M/map*.json; do maps+=(--map "$f"); done
+    timeout "${MUTALL_S:-540}" python3 tools/mutants.py "${maps[@]}" --names $M/left.txt \
+        --cap 30 --cap2 100 -j "${MUT_JOBS:-14}" --timeout 120 --json $M/full.json \
+        > $M/mutall.log 2>&1
+    echo "mutants.py exit $?"
+    grep -E "^control|^\[" $M/mutall.log | tail -3
+    cp $M/full.json.partial "$OUT/full.json.partial"; cp $M/mutall.log "$OUT/mutall-$(date +%s).log"
+    wc -l < $M/full.json.partial
     ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
