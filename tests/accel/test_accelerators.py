@@ -10,8 +10,8 @@ import pytest
 
 import ggml_py as gg
 from ggml_py import _vulkan
-from conftest import LayerStack, child_env, nmse, producer_rows
-from sentinel import assert_bytes, unlike
+from support import LayerStack, child_env, nmse, producer_rows
+from support.sentinel import assert_bytes, unlike
 
 ACCEL = [d.name for d in gg.devices()
          if d.type in ("gpu", "igpu") and not d.registry.name.startswith("RPC")]
@@ -58,7 +58,7 @@ def test_two_backends_of_one_device_ordered_by_events(accel, rng):
     Vulkan's and Metal's backends submit to their device's one queue, which orders the two
     with or without the event: there the test could not fail (on lavapipe it passed with the
     wait and with the record removed), so it does not run there (Metal's equivalent that can
-    fail is tests/test_metal.py's event synchronize test)."""
+    fail is tests/accel/test_metal.py's event synchronize test)."""
     if accel.registry.name in ("Vulkan", "MTL", "Metal"):
         pytest.skip(f"{accel.name}: two backends of one device share the device's queue, "
                     "which orders them without the event (this test could not fail here)")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import RELEASE, LayerStack, child_env, nmse, producer_rows
+from support import RELEASE, LayerStack, child_env, nmse, producer_rows
 
 METAL = sys.platform == "darwin" and "metal" in gg.BUILD["backends"]
 #: Metal's virtual devices (PR 18919) first ship in ggml 0.9.7; before, one device "Metal"

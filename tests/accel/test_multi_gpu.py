@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import LayerStack, nmse, producer_rows
+from support import LayerStack, nmse, producer_rows
 
 
 def _pairs():

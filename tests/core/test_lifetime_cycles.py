@@ -122,7 +122,7 @@ def test_a_del_in_a_cycle_reads_what_the_cycle_holds(kind, mode):
     # such a read faulted
     import subprocess
     import sys
-    from conftest import child_env
+    from support import child_env
     r = subprocess.run([sys.executable, "-c", CYCLE, kind, mode],
                        capture_output=True, text=True, timeout=120, env=child_env())
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-3000:])

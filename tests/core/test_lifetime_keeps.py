@@ -79,7 +79,7 @@ def test_a_result_keeps_alive_every_context_it_reads(op, end):
     # fault
     import subprocess
     import sys
-    from conftest import child_env
+    from support import child_env
     r = subprocess.run([sys.executable, "-c", KEEPS, op, end],
                        capture_output=True, text=True, timeout=120, env=child_env())
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

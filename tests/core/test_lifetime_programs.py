@@ -182,7 +182,7 @@ def test_random_programs_of_contexts_ops_closes_and_graphs_never_crash(seed):
     # a read of freed memory may fault.
     import subprocess
     import sys
-    from conftest import child_env
+    from support import child_env
     r = subprocess.run([sys.executable, "-c", PROGRAMS, str(seed), "300"], capture_output=True,
                        text=True, timeout=600, env=child_env())
     last = [line for line in r.stdout.splitlines() if line.startswith("PROGRAM")][-1:]

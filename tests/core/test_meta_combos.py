@@ -1,4 +1,4 @@
-"""Every split combination of the probed ops (tests/meta_probe.py), and random draws of shapes
+"""Every split combination of the probed ops (tests/support/meta_probe.py), and random draws of shapes
 and splits over two and three devices: what ggml_py's plan accepts computes the numpy result in
 ggml, what it refuses ggml aborts on or computes wrong. Each case runs in a child process (ggml
 aborts the process on what it does not implement)."""
@@ -7,8 +7,8 @@ import random
 import pytest
 
 import ggml_py as gg
-from meta_models import meta_supported
-from meta_probe import OPS, all_cases, probe
+from support.meta_models import meta_supported
+from support.meta_probe import OPS, all_cases, probe
 
 pytestmark = pytest.mark.skipif(not meta_supported(),
                                 reason="ggml_py offers meta devices from ggml 0.26.0")

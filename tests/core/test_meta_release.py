@@ -7,8 +7,8 @@ import sys
 import pytest
 
 import ggml_py as gg
-from conftest import child_env
-from meta_models import meta_supported
+from support import child_env
+from support.meta_models import meta_supported
 
 
 @pytest.mark.parametrize("fake,says", [

@@ -168,7 +168,7 @@ def test_a_close_retried_after_a_failure_gives_the_chunks_back_once(limit):
     # free aborts
     import subprocess
     import sys
-    from conftest import child_env
+    from support import child_env
     r = subprocess.run([sys.executable, "-c", RETRIED, str(limit)], capture_output=True,
                        text=True, timeout=120, env=child_env())
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])

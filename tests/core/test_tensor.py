@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import nmse
+from support import nmse
 
 
 def test_quantized_roundtrip(cpu):

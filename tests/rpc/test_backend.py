@@ -6,7 +6,7 @@ import weakref
 import numpy as np
 
 import ggml_py as gg
-from sentinel import assert_bytes, unlike
+from support.sentinel import assert_bytes, unlike
 
 
 def test_backend_basics(dev):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import DEVICE_NAMES, device_of
-from sentinel import assert_bytes, unlike
+from support import DEVICE_NAMES, device_of
+from support.sentinel import assert_bytes, unlike
 
 
 def _tensor_on(dev, be, x):

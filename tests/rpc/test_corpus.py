@@ -1,18 +1,15 @@
-"""The bad-input corpus (tests/corpus.py), each case run so that a crash fails that case
+"""The bad-input corpus (tests/support/corpus.py), each case run so that a crash fails that case
 alone and names it: cases go in batches to child processes; when a child dies, the case it
 was running is reported as the crash and the rest continue in a fresh child. After every
 refused case the child computes a small graph on the CPU and on RPC, so a refusal that left
 the process or a backend broken fails too."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-import corpus
-from conftest import child_env
+from support import ROOT, SUPPORT, child_env, corpus
 
-HERE = Path(__file__).resolve().parent
 CASES = corpus.expanded()
 BATCHES = 4
 
@@ -22,8 +19,8 @@ def _run(names: list[str]) -> dict[str, str]:
     results: dict[str, str] = {}
     todo = list(names)
     while todo:
-        proc = subprocess.run([sys.executable, str(HERE / "corpus.py")], input="\n".join(todo) + "\n",
-                              capture_output=True, text=True, timeout=600, cwd=HERE.parent,
+        proc = subprocess.run([sys.executable, str(SUPPORT / "corpus.py")], input="\n".join(todo) + "\n",
+                              capture_output=True, text=True, timeout=600, cwd=ROOT,
                               env=child_env())
         lines = [ln for ln in proc.stdout.splitlines() if "\t" in ln]
         for ln in lines:

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from conftest import ROOT, child_env
+from support import ROOT, child_env
 
 PRELUDE = """
 import gc, os, sys

@@ -13,7 +13,7 @@ import ggml_py as gg
 from ggml_py import _display as D
 from ggml_py import _display_graph as DG
 
-from conftest import LayerStack, child_env, needs_release, vocab_archive
+from support import LayerStack, child_env, needs_release, vocab_archive
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from sentinel import assert_bytes, unlike
+from support.sentinel import assert_bytes, unlike
 
 
 def _host_tensor(be, ctx, x):

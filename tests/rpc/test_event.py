@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import needs_release
-from sentinel import assert_bytes, unlike
+from support import needs_release
+from support.sentinel import assert_bytes, unlike
 
 rpc_events = needs_release("0.23.0", "events on RPC devices")
 

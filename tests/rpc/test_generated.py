@@ -1,21 +1,19 @@
-"""The hypothesis generator of tests/generated.py (op x layout x type x device, checked against
+"""The hypothesis generator of tests/support/generated.py (op x layout x type x device, checked against
 numpy or a clean refusal), run in a child process: a crash fails this test, and the last case
-the child printed names it. Longer runs: ``python tests/generated.py --examples 20000``."""
+the child printed names it. Longer runs: ``python tests/support/generated.py --examples 20000``."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import child_env
+from support import ROOT, SUPPORT, child_env
 
-HERE = Path(__file__).resolve().parent
 
 
 def _run(examples: int, seed: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(HERE / "generated.py"), "--examples", str(examples),
+    return subprocess.run([sys.executable, str(SUPPORT / "generated.py"), "--examples", str(examples),
                            "--seed", str(seed)], capture_output=True, text=True, timeout=900,
-                          cwd=HERE.parent, env=child_env())
+                          cwd=ROOT, env=child_env())
 
 
 def _verdict(r: subprocess.CompletedProcess) -> dict:

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import vocab_archive
+from support import vocab_archive
 from ggml_py import gguf
 from ggml_py.gguf import GGUFError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_ROOT = Path(gg.__file__).resolve().parent.parent   # where the children import ggml_py
 SMALL = ["ggml-vocab-bert-bge.gguf", "ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf"]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import needs_release
+from support import needs_release
 
 
 def _owned(cpu, rpc_devs):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import child_env, nmse
-from meta_models import meta_supported
-from meta_models import (ATTN_SPLIT, MLP_SPLIT, attn, attn_numpy, attn_weights, mlp,
+from support import child_env, nmse
+from support.meta_models import meta_supported
+from support.meta_models import (ATTN_SPLIT, MLP_SPLIT, attn, attn_numpy, attn_weights, mlp,
                          mlp_numpy, mlp_weights, run)
 
 pytestmark = pytest.mark.skipif(not meta_supported(),

@@ -11,7 +11,7 @@ import pytest
 
 import ggml_py as gg
 from ggml_py import opt
-from conftest import ROOT, child_env
+from support import ROOT, child_env
 
 
 @pytest.fixture
@@ -377,7 +377,7 @@ def test_compute_refusal_names_the_buffer_type(cpu, rpc_devs):
 
 
 def test_meta_backend_takes_no_thread_count(rpc_devs):
-    from meta_models import meta_supported
+    from support.meta_models import meta_supported
     if not meta_supported():
         pytest.skip("ggml_py offers meta devices from ggml 0.26.0")
     md = gg.meta_device(rpc_devs, {})
@@ -390,7 +390,7 @@ def test_meta_backend_takes_no_thread_count(rpc_devs):
 def test_meta_split_sizes_must_be_whole_blocks(rpc_devs):
     """Split(sizes=...) along a quantized row: each part must hold whole blocks (32 for q4_0);
     sizes of whole blocks are taken."""
-    from meta_models import meta_supported
+    from support.meta_models import meta_supported
     if not meta_supported():
         pytest.skip("ggml_py offers meta devices from ggml 0.26.0")
     md = gg.meta_device(rpc_devs, {"w": gg.Split(axis=-1, sizes=[16, 48])})

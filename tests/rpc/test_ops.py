@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import RELEASE, nmse
+from support import RELEASE, nmse
 
 T_DEFAULT, T_MATMUL, T_SOFTMAX = 1e-7, 5e-4, 1e-6
 
@@ -357,7 +357,7 @@ def test_the_release_each_optional_function_arrived_in():
     tree fetched here (a tree declares the function exactly when it is that release or newer)."""
     from ggml_build import pins
     from ggml_py.ops._common import ADDED
-    root = Path(__file__).resolve().parent.parent / "vendor"
+    root = Path(__file__).resolve().parents[2] / "vendor"
     trees = [(r, root / r / "include") for r in pins.load_manifest()[1]]
     trees = [(r, inc) for r, inc in trees if inc.is_dir()]
     if not trees:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import RELEASE
+from support import RELEASE
 from ggml_py import opt
 
 

@@ -25,10 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ggml_py as gg
-from conftest import child_env
+from support import child_env
 from ggml_py import opt
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 PRELUDE = """
 import sys, threading, time, numpy as np, ggml_py as gg

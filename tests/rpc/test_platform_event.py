@@ -4,7 +4,7 @@ the refusal removed, 0.26.0's RPC event returns at once: the test then fails, no
 import pytest
 
 import ggml_py as gg
-from conftest import needs_release
+from support import needs_release
 
 
 @needs_release("0.23.0", "events on RPC devices")

@@ -2,7 +2,7 @@
 import pytest
 
 import ggml_py as gg
-from conftest import needs_release
+from support import needs_release
 
 
 def test_registries_and_devices_enumerate():

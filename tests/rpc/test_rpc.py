@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import ggml_py as gg
-from conftest import LayerStack, nmse, needs_release
+from support import LayerStack, nmse, needs_release
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:

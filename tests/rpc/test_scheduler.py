@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import LayerStack, needs_release, nmse
+from support import LayerStack, needs_release, nmse
 
 T_MATMUL = 5e-4
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import ROOT, child_env
+from support import ROOT, child_env
 
 
 @pytest.fixture

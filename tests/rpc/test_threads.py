@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from conftest import needs_release
+from support import needs_release
 
 N_THREADS = 4
 
@@ -168,7 +168,7 @@ def _rounds_in_a_child(script: str, rounds: int) -> None:
     so a crash is the test's failure and names the round."""
     import subprocess
     import sys
-    from conftest import child_env
+    from support import child_env
     r = subprocess.run([sys.executable, "-c", script, "0", str(rounds)], capture_output=True,
                        text=True, timeout=600, env=child_env())
     last = [line for line in r.stdout.splitlines() if line.startswith("ROUND")][-1:]
@@ -203,7 +203,7 @@ def test_threads_that_first_use_the_package_together_all_get_the_face():
     must all get the names, not an AttributeError while another thread loads."""
     import subprocess
     import sys
-    from conftest import child_env
+    from support import child_env
     code = ("import threading, ggml_py as gg\nerrs = []\nstart = threading.Barrier(8)\n"
             "def use():\n    start.wait()\n    try:\n        gg.Tensor, gg.add, gg.f32, gg.Context\n"
             "    except Exception as e:\n        errs.append(repr(e))\n"

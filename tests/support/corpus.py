@@ -1,6 +1,6 @@
 """The bad-input corpus: mistakes a careless or hostile user makes through the public API,
-each with the exception and message it must raise. Run by tests/test_corpus.py in child
-processes (``python tests/corpus.py`` reads case ids on stdin), so a case that crashes the
+each with the exception and message it must raise. Run by tests/rpc/test_corpus.py in child
+processes (``python tests/support/corpus.py`` reads case ids on stdin), so a case that crashes the
 process fails alone and by name.
 
 Each case is ``(exception name, message pattern, code)``; the code runs with ``e`` (the

@@ -1,10 +1,10 @@
 """A hypothesis generator: op x layout x type x device, each case computed and checked against
 numpy (test-backend-ops' NMSE) or refused cleanly, never silently wrong.
 
-Run by tests/test_generated.py in a child process (a crash then fails the test and the last
+Run by tests/rpc/test_generated.py in a child process (a crash then fails the test and the last
 case printed names it):
 
-    python tests/generated.py --examples 200 [--devices CPU,CUDA0,RPC] [--seed N]
+    python tests/support/generated.py --examples 200 [--devices CPU,CUDA0,RPC] [--seed N]
 
 (by default every device of the loaded build, and an RPC server's).
 

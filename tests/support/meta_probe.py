@@ -5,7 +5,7 @@ A case is (op, shapes, splits): numpy shapes of the operands, one split per oper
 ("M" mirrored, "P" partial, or a numpy axis as an int). The child builds the op on a meta
 device over two devices, bypasses ggml_py's checks (the raw compute and read), adds a reducing
 op after a PARTIAL result (ggml never reads one), and prints the NMSE against numpy; a case
-that aborts leaves its "start" line without a result. ``python tests/meta_probe.py`` prints the
+that aborts leaves its "start" line without a result. ``python tests/support/meta_probe.py`` prints the
 table for docs/tensor-parallel.md.
 """
 import json
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 OPS = {
     # name: (number of operands, numpy reference)
@@ -108,7 +108,7 @@ def probe(cases, devices=("CPU", "CPU"), timeout=120):
     results: list = [None] * len(cases)
     todo = list(range(len(cases)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT), str(ROOT / "tests")] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+        [str(ROOT), str(ROOT / "tests" / "support")] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
     while todo:
         batch = [cases[i] for i in todo]
         p = subprocess.run([sys.executable, "-c",

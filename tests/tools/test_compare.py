@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import skip_without_index
+from support import skip_without_index
 from ggml_build import pins
 
 import ggml_py as gg
@@ -18,7 +18,7 @@ from ggml_py.compare import _diff, _report, render
 
 jsonschema = pytest.importorskip("jsonschema")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NEW = pins.load_manifest()[0]      # the default release (built by the quick start)
 NEW_RPC = {"0.25.3": 7, "0.26.0": 8}[NEW]   # its RPC protocol's major version
 SCHEMA = json.loads((ROOT / "docs" / "compare-schema.json").read_text())

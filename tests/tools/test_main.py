@@ -6,9 +6,9 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from conftest import child_env
+from support import child_env
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_python_m_ggml_py_lists_devices_and_checks_matmul():

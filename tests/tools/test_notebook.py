@@ -13,7 +13,7 @@ import ggml_py as gg
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 WIRED = hasattr(gg.Device, "_repr_html_") and hasattr(gg.Scheduler, "_repr_html_")
 

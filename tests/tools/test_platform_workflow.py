@@ -8,7 +8,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "macos.yml"
 
 
@@ -74,7 +74,7 @@ def test_the_self_hosted_job_is_labelled_and_opt_in():
     mutated = "\n".join(lines)
     for mode in ("record", "wait", "synchronize", "copy"):
         assert mode in mutated
-    assert "tools.mutate_events" in mutated and "tests/test_metal.py" in mutated
+    assert "tools.mutate_events" in mutated and "tests/accel/test_metal.py" in mutated
 
 
 def test_the_mutation_modes_are_the_tools():

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import child_env
+from support import child_env
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 GUIDE = (ROOT / "docs" / "guide.md").read_text()
 

@@ -69,8 +69,8 @@ def test_an_editable_install_still_works(tmp_path):
     import venv
     from pathlib import Path
 
-    from conftest import skip_without_index
-    root = Path(__file__).resolve().parent.parent
+    from support import skip_without_index
+    root = Path(__file__).resolve().parents[2]
     venv.EnvBuilder(with_pip=True).create(tmp_path / "venv")
     py = str(tmp_path / "venv" / "bin" / "python")
     r = subprocess.run([py, "-m", "pip", "install", "--no-deps", "-e", str(root)],

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import RELEASE as RELEASE_LOADED, child_env, skip_without_index
+from support import RELEASE as RELEASE_LOADED, child_env, skip_without_index
 from ggml_build.flags import Platform, config_name, default_backends
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROBE = ("import ggml_py as gg, json; from ggml_py.__main__ import matmul_check;"
          "print(json.dumps({'version': gg.ggml_version(), 'folder': str(gg.BUILD_DIR),"
          " 'devices': [d.name for d in gg.devices()],"

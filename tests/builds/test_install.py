@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import skip_without_index
+from support import skip_without_index
 
 from ggml_build import BuildError, pins
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT, RELEASES = pins.load_manifest()
 
 

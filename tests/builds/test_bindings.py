@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import ggml_py as gg
-from conftest import child_env
+from support import child_env
 from ggml_build import bindings
 
 BUILD = gg.BUILD_DIR

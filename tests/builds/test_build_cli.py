@@ -9,7 +9,7 @@ import pytest
 
 from ggml_build import BuildError, pins
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def build(*args, env=None, timeout=600):

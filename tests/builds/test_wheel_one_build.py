@@ -14,11 +14,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import skip_without_index
+from support import skip_without_index
 
 from ggml_build import pins
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT, _ = pins.load_manifest()
 OTHER = "0.20.2"
 

@@ -10,11 +10,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import skip_without_index
+from support import skip_without_index
 
 from ggml_build import wheel_check as wc
 
-LIB = Path(__file__).resolve().parent.parent / "ggml_py" / "lib"
+LIB = Path(__file__).resolve().parents[2] / "ggml_py" / "lib"
 
 
 def _lc_str(cmd: int, text: str, head: bytes = b"") -> bytes:

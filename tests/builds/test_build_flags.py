@@ -104,6 +104,6 @@ def test_the_wrapper_written_is_the_hosts(tmp_path):
 
 
 def test_default_build_folder_names_follow_the_platform():
-    """The folder a default build lands in, per platform (what tests/test_releases.py expects)."""
+    """The folder a default build lands in, per platform (what tests/builds/test_releases.py expects)."""
     assert config_name("0.20.2", default_backends(LINUX)) == "ggml-0.20.2-cpu-rpc"
     assert config_name("0.20.2", default_backends(MAC)) == "ggml-0.20.2-cpu-rpc-metal"

@@ -11,7 +11,7 @@ import pytest
 import ggml_py as gg
 from ggml_py.pytest_plugin import Release
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 FAIL_THEN_ABORT = '''
 import os
