@@ -1,69 +1,43 @@
-"""Fixtures: real devices only. RPC devices come from real ggml RPC servers on loopback, each
-in its own process, started once per test session."""
-import os
+"""Fixtures: real devices only (helpers live in tests/support/). RPC devices come from real
+ggml RPC servers on loopback, each in its own process, started once per session by the first
+test that asks for them (fixture rpc_servers), so a run that needs none starts none. The
+markers each folder gives its tests are set here (tests/README.md)."""
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # build_ggml / ggml_build for the build tests
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS.parent))  # build_ggml / ggml_build for the build tests
+sys.path.insert(1, str(TESTS))         # `support`, whatever pytest's import mode
 
 import ggml_py as gg  # noqa: E402
+from support import LOCAL_NAMES, N_RPC, RPC_IDS, device_of  # noqa: E402
 
-N_RPC = 2          # the session's RPC servers (fixture rpc_servers)
-
-# what pip and build_ggml.py say when the package index cannot be reached
-_NO_INDEX = ("from the package index", "No matching distribution found",
-             "Could not find a version that satisfies")
+# the marker every test of a folder gets (pyproject.toml registers them)
+FOLDER_MARKS = {"rpc": "rpc", "accel": "gpu", "builds": "build"}
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """The environment for a child Python process: this checkout first on PYTHONPATH, the
-    parent's entries kept (on a machine whose packages come through PYTHONPATH, such as the
-    GPU machine's carried wheels, a child without them cannot import cffi), then `extra`."""
-    path = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **extra)
+def pytest_collection_modifyitems(config, items):
+    """Mark each test by its folder, and `rpc` every test that starts the session's RPC
+    servers (asks for rpc_servers, or takes an RPC device of the `dev` fixture: its param
+    carries the mark). tests/core/ runs without them: a test there that asks is an error."""
+    for item in items:
+        folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        if folder in FOLDER_MARKS:
+            item.add_marker(FOLDER_MARKS[folder])
+        if "rpc_servers" in getattr(item, "fixturenames", ()):
+            if folder == "core":
+                raise pytest.UsageError(f"{item.nodeid} asks for the RPC servers, which "
+                                        "tests/core/ runs without: move it to tests/rpc/")
+            item.add_marker("rpc")
 
 
-def producer_rows(dev) -> int:
-    """Rows of 1024 f32 for the event-ordering tests' producer chain: on a real GPU enough that
-    the chain runs for milliseconds, far longer than Python takes to queue the consumer (an
-    H200 finished the small chain before the copy was queued, so a missing record or wait went
-    unnoticed); software devices (lavapipe) keep it small: their one in-order queue orders
-    everything anyway."""
-    soft = any(s in dev.description.lower() for s in ("llvmpipe", "lavapipe", "swiftshader"))
-    return 256 if soft or dev.type == "cpu" else 16384
-
-
-def vocab_archive() -> Path | None:
-    from ggml_build import pins
-    return pins.vocab_sdist()
-
-
-def skip_without_index(output: str, what: str) -> None:
-    """Skip, saying so, when `output` shows that the package index could not be reached (the
-    GPU machine has none); on machines with an index the test runs and asserts as usual."""
-    for line in output.splitlines():
-        if any(s in line for s in _NO_INDEX):
-            pytest.skip(f"{what} needs the package index, which this machine cannot reach: "
-                        f"{line.strip()[:200]}")
-RELEASE = tuple(int(p) for p in gg.ggml_version().split(".")[:3] if p.isdigit())
-
-
-def needs_release(release: str, feature: str):
-    """Mark a test of `feature`, which ggml `release` added: older builds skip it, saying so."""
-    want = tuple(int(p) for p in release.split("."))
-    return pytest.mark.skipif(RELEASE < want, reason=f"{feature} arrived in ggml {release} "
-                                                     f"(this build is {gg.ggml_version()})")
-
-
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def rpc_servers():
-    """Two ggml RPC servers for the session, started before any test (autouse), so their
-    devices are RPC0 and RPC1 whatever order the tests run in (tests that register servers
-    of their own get later names)."""
+    """Two ggml RPC servers for the session, started by the first test that asks for them
+    (directly, through rpc_devs, or as an RPC device of `dev`)."""
     servers = [gg.rpc.serve() for _ in range(N_RPC)]
     for s in servers:
         # each server's device, found by its endpoint: other tests may have registered
@@ -74,28 +48,14 @@ def rpc_servers():
         s.close()
 
 
-def _local_names():
-    return [d.name for d in gg.devices()]
-
-
-RPC_IDS = [f"RPC{i}" for i in range(N_RPC)]       # the session's servers
-DEVICE_NAMES = _local_names() + RPC_IDS
-
-
-@pytest.fixture(params=DEVICE_NAMES)
-def dev(request, rpc_servers):
+@pytest.fixture(params=LOCAL_NAMES + [pytest.param(n, marks=pytest.mark.rpc) for n in RPC_IDS])
+def dev(request):
     """Every available device: the local ones (CPU, and CUDA/Metal/Vulkan where built) and
     two RPC devices (those of the session's servers, named RPC0 and RPC1 in the test ids;
-    ggml 0.9.x names them "RPC[host:port]")."""
-    return device_of(request.param, rpc_servers)
-
-
-def device_of(name, rpc_servers):
-    """The device a test id names: RPC0/RPC1 are the session's servers' devices (named so by
-    ggml from 0.10; 0.9.x names them "RPC[host:port]"), any other name is ggml's."""
-    if name in RPC_IDS:
-        return rpc_servers[RPC_IDS.index(name)].device
-    return gg.device(name)
+    ggml 0.9.x names them "RPC[host:port]"). Only the RPC ones start the servers."""
+    if request.param in RPC_IDS:
+        return device_of(request.param, request.getfixturevalue("rpc_servers"))
+    return gg.device(request.param)
 
 
 @pytest.fixture
@@ -111,42 +71,3 @@ def rpc_devs(rpc_servers):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
-
-
-def nmse(got, ref) -> float:
-    """test-backend-ops' metric: sum((a-b)^2) / sum(a^2)."""
-    got = np.asarray(got, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    den = np.sum(ref * ref)
-    return float(np.sum((got - ref) ** 2) / (den if den else 1.0))
-
-
-class LayerStack:
-    """tanh(x @ W_i) layers with layer i's weights in a buffer of ``weight_backends[i]`` and
-    the input on ``input_backend``: a graph a scheduler splits where the weights live.
-    ``ref`` is numpy's result; ``close()`` frees the contexts (not the backends)."""
-
-    def __init__(self, weight_backends, input_backend, rng, rows=8, width=32):
-        self.x = rng.standard_normal((rows, width)).astype(np.float32)
-        self.w = [(rng.standard_normal((width, width)) / 6).astype(np.float32)
-                  for _ in weight_backends]
-        self.ref = self.x
-        for wi in self.w:
-            self.ref = np.tanh(self.ref @ wi)
-        self.ctxs = [gg.Context() for _ in weight_backends] + [gg.Context()]
-        ws = [c.from_numpy(wi) for c, wi in zip(self.ctxs, self.w)]
-        xin = self.ctxs[-1].from_numpy(self.x)
-        for c, b in zip(self.ctxs, list(weight_backends) + [input_backend]):
-            c.alloc(b)
-        for t, wi in zip(ws, self.w):
-            t.set(wi)
-        xin.set(self.x)
-        h = xin
-        for t in ws:
-            h = gg.tanh(h @ t)
-        self.out = h
-
-    def close(self):
-        for c in self.ctxs:
-            c.close()
-

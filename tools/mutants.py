@@ -69,8 +69,9 @@ CLASSES = ("skip", "check", "swap")
 # the test files the map runs (the non-slow suite less what only builds, installs or drives
 # the tool itself); -m "not slow" is added
 DEFAULT_TESTS = ["tests"]
-EXCLUDE_TESTS = ("test_mutations_listed.py", "test_install.py", "test_build_cli.py",
-                 "test_build_flags.py", "test_releases.py", "test_readme.py", "test_notebook.py")
+EXCLUDE_TESTS = ("tools/test_mutations_listed.py", "builds/test_install.py", "builds/test_build_cli.py",
+                 "builds/test_build_flags.py", "builds/test_releases.py", "tools/test_readme.py",
+                 "tools/test_notebook.py")
 REFUSAL_TESTS = {"test_mutants_killed.py", "test_bad_input.py", "test_generated.py", "test_fuzz.py", "test_checked.py",
                  "test_ops.py", "test_gguf.py", "test_status.py"}
 CHECK_STMT = {"require", "rows", "contiguous", "blas_rows"}
@@ -774,6 +775,9 @@ def _warm(tmap: dict[str, Any]) -> None:
     sys.path.insert(0, str(ROOT))
     import ggml_py  # noqa: F401
     for mod in sorted({t.split("::")[0] for t in tmap["durations"]}):
+        folder = str((ROOT / mod).parent)     # pytest imports a test module from its folder
+        if folder not in sys.path:
+            sys.path.insert(1, folder)
         name = Path(mod).stem
         try:
             importlib.import_module(name)

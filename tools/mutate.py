@@ -32,11 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 def OPS(*cases: str) -> list[str]:
-    return [f"tests/test_ops.py::test_bad_graph_input_raises[{c}]" for c in cases]
+    return [f"tests/rpc/test_ops.py::test_bad_graph_input_raises[{c}]" for c in cases]
 
 
 def BAD(*cases: str) -> list[str]:
-    return [f"tests/test_bad_input.py::test_bad_input_raises_and_nothing_is_lost[{c}]" for c in cases]
+    return [f"tests/rpc/test_bad_input.py::test_bad_input_raises_and_nothing_is_lost[{c}]" for c in cases]
 
 
 # name: (file, qualified function, text of the rule, what replaces it, pytest arguments that
@@ -65,13 +65,13 @@ MUTATIONS: dict[str, tuple[str, str, str, str, list[str]]] = {
         OPS("mul_mat transposed a")),
     "mul_mat BLAS row-stride rule": (
         "ggml_py/ops/linalg.py", "mul_mat", 'blas_rows("mul_mat", ("a", a), ("b", b))', "None",
-        ["tests/test_fuzz.py", "-k", "blas_valid"]),
+        ["tests/core/test_fuzz.py", "-k", "blas_valid"]),
     "matmul BLAS row-stride copy": (
         "ggml_py/ops/linalg.py", "_packed", "type_size and blas_rows_ok(t) else", "type_size else",
-        ["tests/test_fuzz.py", "-k", "blas_valid"]),
+        ["tests/core/test_fuzz.py", "-k", "blas_valid"]),
     "index range check off by one": (
         "ggml_py/_graph.py", "Graph.check_indices", "(lo < 0 or hi >= rows)", "(lo < 0 or hi > rows)",
-        ["tests/test_ops.py", "-k", "range_checked"]),
+        ["tests/rpc/test_ops.py", "-k", "range_checked"]),
     "copy_async shape rule": (
         "ggml_py/_transfer.py", "copy_async", 'require(src.ne == dst.ne, f"copy_async: shapes differ',
         'require(True, f"copy_async: shapes differ', BAD("copy size differs")),
@@ -138,7 +138,7 @@ MUTATIONS: dict[str, tuple[str, str, str, str, list[str]]] = {
     "graph input memory rule (Python pass)": (
         "ggml_py/_graph.py", "Graph._prepare_in_python", "        for t in self._leafs:\n            if not t.data:",
         "        for t in self._leafs:\n            if False:",
-        ["tests/test_graph.py", "-k", "prepare_in_c_and_in_python_agree"]),
+        ["tests/rpc/test_graph.py", "-k", "prepare_in_c_and_in_python_agree"]),
     "graph input memory rule (C pass's report)": (
         "ggml_py/_graph.py", "Graph._prepare_in_c", "        elif status == 2:\n            self._no_memory(t)\n", "",
         OPS("compute unallocated")),
@@ -147,84 +147,84 @@ MUTATIONS: dict[str, tuple[str, str, str, str, list[str]]] = {
         OPS("scheduler without cpu last")),
     "scheduler input rule": (
         "ggml_py/_scheduler.py", "Scheduler._check", "                if not int(t.flags) & _INPUT:", "                if False:",
-        ["tests/test_scheduler.py", "-k", "llama_cpp"]),
+        ["tests/rpc/test_scheduler.py", "-k", "llama_cpp"]),
     "scheduler measures each new graph": (
         "ggml_py/_scheduler.py",
         "Scheduler._alloc", "        if self._measured is not None and self._measured() is not graph:",
-        "        if False:", ["tests/test_scheduler.py", "-k", "afresh"]),
+        "        if False:", ["tests/rpc/test_scheduler.py", "-k", "afresh"]),
     "scheduler puts back what measuring rewired": (
         "ggml_py/_scheduler.py",
         "Scheduler._measure", "        ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)\n        _restore(sources)\n",
         "        ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)\n",
-        ["tests/test_scheduler.py", "-k", "in_turn"]),
+        ["tests/rpc/test_scheduler.py", "-k", "in_turn"]),
     "buffer max size rule": (
         "ggml_py/_device.py", "BufferType.alloc", "        if n > self.max_size:", "        if False:",
         BAD("buffer over max size")),
     "closed buffer unallocates its tensors": (
         "ggml_py/_context.py", "Context.alloc", "                buf.on_close(lambda b=b: self._lose(b))\n", "",
-        ["tests/test_tensor.py", "-k", "closing_a_buffer"]),
+        ["tests/core/test_tensor.py", "-k", "closing_a_buffer"]),
     "RPC port rule": (
         "ggml_py/rpc.py", "parse_endpoint", "require(port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536,",
-        "require(True,", ["tests/test_rpc.py", "-k", "malformed"]),
+        "require(True,", ["tests/rpc/test_rpc.py", "-k", "malformed"]),
     "result context rule (one construction path)": (
         "ggml_py/ops/_common.py", "build", "    ctx = owner.ctx\n", "    ctx = next(iter(uses), owner).ctx  # type: ignore[call-overload]\n",
-        ["tests/test_tensor.py", "-k", "keeps_the_context"]),
+        ["tests/core/test_tensor.py", "-k", "keeps_the_context"]),
     # the Python half of the checked ops: what reaches helpers.c must be what the rules take
     # (the C half's conditions are compiled into the build; deleting one of them is shown in
     # the note on issue 14 and caught by the same test)
     "checked binary op: operands of one context": (
         "ggml_py/ops/elementwise.py", "binary_op", "            if b.ctx is ctx:\n                # the helper",
         "            if True:\n                # the helper",
-        ["tests/test_lifetime.py", "-k", "keeps_alive"]),
+        ["tests/core/test_lifetime_keeps.py", "-k", "keeps_alive"]),
     "checked mul_mat: operands of one context": (
         "ggml_py/ops/linalg.py", "mul_mat", "        if b.ctx is ctx:                # the rule below in one C",
         "        if True:                # the rule below in one C",
-        ["tests/test_lifetime.py", "-k", "keeps_alive"]),
+        ["tests/core/test_lifetime_keeps.py", "-k", "keeps_alive"]),
     "checked soft_max: mask of the same context": (
         "ggml_py/ops/nn.py", "soft_max", "(mask.__class__ is cls and mask.ctx is ctx)",
-        "(mask.__class__ is cls)", ["tests/test_lifetime.py", "-k", "keeps_alive"]),
+        "(mask.__class__ is cls)", ["tests/core/test_lifetime_keeps.py", "-k", "keeps_alive"]),
     "checked rope_ext: positions of the same context": (
         "ggml_py/ops/nn.py", "rope_ext", "and freq_factors is None and pos.ctx is a.ctx",
-        "and freq_factors is None", ["tests/test_lifetime.py", "-k", "keeps_alive"]),
+        "and freq_factors is None", ["tests/core/test_lifetime_keeps.py", "-k", "keeps_alive"]),
     # lifetimes of the metadata chunks (ggml_py/_record_pool.py)
     "a retried close gives the chunks back once": (
         "ggml_py/_context.py", "Context.close", "            if _handle.detach(self._finalizer) is not None:   # (once",
-        "            if True:    # (once", ["tests/test_record_pool.py", "-k", "retried"]),
+        "            if True:    # (once", ["tests/core/test_record_pool.py", "-k", "retried"]),
     "a free inside a collection waits for its end": (
         "ggml_py/_handle.py", "_free", "    if _collecting:\n        queue.append", "    if False:\n        queue.append",
-        ["tests/test_lifetime.py", "-k", "a_del_in_a_cycle"]),
+        ["tests/core/test_lifetime_cycles.py", "-k", "a_del_in_a_cycle"]),
     "a resurrected object is not freed under it": (
         "ggml_py/_handle.py", "_drain", "                f = token.finalizer() if token.finalizer is not None else None",
-        "                f = None", ["tests/test_lifetime.py", "-k", "resurrect"]),
+        "                f = None", ["tests/core/test_lifetime_cycles.py", "-k", "resurrect"]),
     "a resurrected object is freed when it dies": (
         "ggml_py/_handle.py", "_drain", "                    f.rearmed = _watch(f, queue, fn, args)",
-        "                    pass", ["tests/test_lifetime.py", "-k", "resurrect"]),
+        "                    pass", ["tests/core/test_lifetime_cycles.py", "-k", "resurrect"]),
     "a twice-resurrected object keeps its re-armed free": (
         "ggml_py/_handle.py", "_drain", "                    f.rearmed = _watch(f, queue, fn, args)",
         "                    _watch(f, queue, fn, args)",
-        ["tests/test_lifetime.py", "-k", "twice"]),
+        ["tests/core/test_lifetime_cycles.py", "-k", "twice"]),
     "closing a resurrected object frees at once": (
         "ggml_py/_handle.py", "detach", "    while isinstance(finalizer, _Finalizer) and finalizer.rearmed is not None:",
-        "    while False:", ["tests/test_lifetime.py", "-k", "cycle_reads and close"]),
+        "    while False:", ["tests/core/test_lifetime_cycles.py", "-k", "cycle_reads and close"]),
     "a reused chunk is reset first": (
         "ggml_py/_record_pool.py", "release", "                _RESET(raw)\n", "",
-        ["tests/test_record_pool.py"]),
+        ["tests/core/test_record_pool.py"]),
     "a closed graph refuses to read its nodes": (
         "ggml_py/_graph.py", "Graph.n_nodes", "        self._meta.ptr       # (ClosedError once closed", "        # (",
-        ["tests/test_record_pool.py", "-k", "closed_graph"]),
+        ["tests/core/test_record_pool.py", "-k", "closed_graph"]),
     "a closed graph's memory goes back when collected": (
         "ggml_py/_graph.py", "_GraphMemory.close", "            if self._raw is not None and _handle.detach(self._finalizer) is not None:",
-        "            if False:", ["tests/test_record_pool.py", "-k", "closed_graph"]),
+        "            if False:", ["tests/core/test_record_pool.py", "-k", "closed_graph"]),
     "checked permute takes int axes only": (
         "ggml_py/ops/shape.py", "permute", "                if x.__class__ is not int:      # (True == 1",
-        "                if False:      # (True == 1", ["tests/test_checked.py", "-k", "python_rules"]),
+        "                if False:      # (True == 1", ["tests/core/test_checked.py", "-k", "python_rules"]),
     "checked reshape takes int dims only": (
         "ggml_py/ops/shape.py", "_plain_ne", "        return (s0, 1, 1, 1) if s0.__class__ is int else None",
-        "        return (s0, 1, 1, 1)", ["tests/test_checked.py", "-k", "python_rules"]),
+        "        return (s0, 1, 1, 1)", ["tests/core/test_checked.py", "-k", "python_rules"]),
     "checked norm takes float eps only": (
         "ggml_py/ops/nn.py", "rms_norm", " and eps.__class__ is float:\n        ctx = a.ctx\n        p = _C_NORM(ctx.checked_state, a._p, eps, _RMS_NORM",
         ":\n        ctx = a.ctx\n        p = _C_NORM(ctx.checked_state, a._p, eps, _RMS_NORM",
-        ["tests/test_checked.py", "-k", "python_rules"]),
+        ["tests/core/test_checked.py", "-k", "python_rules"]),
 }
 
 

@@ -12,12 +12,12 @@ Vulkan, Metal); a pass means the test could not notice the missing part.
 
     GGML_PY_MUTATE=wait python -m pytest -p tools.mutate_events -k "ordered_by or events_order" tests/
 
-The tests of tests/test_metal.py that take `single` or `pair` run on Metal (macOS,
+The tests of tests/accel/test_metal.py that take `single` or `pair` run on Metal (macOS,
 GGML_METAL_DEVICES=2) and on two CUDA devices of one GPU, with the same design:
 
     for m in "" record wait synchronize copy; do echo "== mutation: ${m:-none}"
       GGML_CUDA_DEVICES=2 GGML_PY_MUTATE=$m python -m pytest -p tools.mutate_events \\
-        -p no:randomly -q -rfE tests/test_metal.py 2>&1 | tail -8
+        -p no:randomly -q -rfE tests/accel/test_metal.py 2>&1 | tail -8
     done
 
 Expected: unmutated, the five tests of `single`/`pair` pass (the Metal-only ones skip);

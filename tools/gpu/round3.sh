@@ -10,10 +10,10 @@
 # /root/wt/build and /root/wt/ggml_py/lib is kept and ninja finds nothing to do).
 #
 # build    build_ggml.py --backends cpu,rpc,cuda --cuda-arch 90, device list
-# mutate   tests/test_metal.py under tools/mutate_events.py's modes (none record wait
+# mutate   tests/accel/test_metal.py under tools/mutate_events.py's modes (none record wait
 #          synchronize copy) on CUDA0/CUDA1
 # meta     metatests, then bench
-# metatests tests/test_meta.py, test_meta_combos.py, test_meta_release.py, notebook 07
+# metatests tests/rpc/test_meta.py, test_meta_combos.py, test_meta_release.py, notebook 07
 # bench    benchmarks/bench_meta.py --cuda over 2 and 4 virtual devices (512 tokens), and 2
 #          devices at 4096 tokens
 # mutcuda  tools/mutants.py: the async/event mutants against the CUDA tests
@@ -77,7 +77,7 @@ mutate)
     for m in "" record wait synchronize copy; do
         echo "== mutation: ${m:-none}"
         GGML_PY_MUTATE=$m timeout 150 "${PY[@]}" -p tools.mutate_events -q -rA \
-            tests/test_metal.py 2>&1 | grep -E '^(PASSED|FAILED|ERROR)| in [0-9.]+s|rror' \
+            tests/accel/test_metal.py 2>&1 | grep -E '^(PASSED|FAILED|ERROR)| in [0-9.]+s|rror' \
             | cut -c1-220
     done > "$OUT/mutate.txt" 2>&1
     cat "$OUT/mutate.txt"
@@ -85,11 +85,11 @@ mutate)
 meta|metatests)
     export GGML_PY_BUILD=$(folder)
     {
-        echo "== tests/test_meta.py test_meta_combos.py test_meta_release.py"
-        timeout 300 "${PY[@]}" -q -rfEs --durations=8 tests/test_meta.py \
-            tests/test_meta_combos.py tests/test_meta_release.py 2>&1 | tail -40
+        echo "== tests/rpc/test_meta.py test_meta_combos.py test_meta_release.py"
+        timeout 300 "${PY[@]}" -q -rfEs --durations=8 tests/rpc/test_meta.py \
+            tests/core/test_meta_combos.py tests/core/test_meta_release.py 2>&1 | tail -40
         echo "== notebook 07"
-        timeout 200 "${PY[@]}" -q -rfEs tests/test_notebook.py -k 07 2>&1 | tail -30
+        timeout 200 "${PY[@]}" -q -rfEs tests/tools/test_notebook.py -k 07 2>&1 | tail -30
     } > "$OUT/meta.log" 2>&1
     cat "$OUT/meta.log"
     [ "$PHASE" = meta ] && bash "$0" bench
@@ -133,9 +133,9 @@ mutcuda)
     ;;
 gpu)
     export GGML_PY_BUILD=$(folder)
-    timeout "${GPU_TIMEOUT:-420}" "${PY[@]}" -q -rfEs -m "not slow" --durations=10 tests/test_accelerators.py \
-        tests/test_multi_gpu.py tests/test_copy.py tests/test_event.py tests/test_dlpack.py \
-        tests/test_crash_classes.py > "$OUT/gpu.log" 2>&1
+    timeout "${GPU_TIMEOUT:-420}" "${PY[@]}" -q -rfEs -m "not slow" --durations=10 tests/accel/test_accelerators.py \
+        tests/accel/test_multi_gpu.py tests/rpc/test_copy.py tests/rpc/test_event.py tests/rpc/test_dlpack.py \
+        tests/rpc/test_crash_classes.py > "$OUT/gpu.log" 2>&1
     echo "exit $?" >> "$OUT/gpu.log"
     tail -40 "$OUT/gpu.log"
     ;;
@@ -149,7 +149,7 @@ copymut)
             echo "-- mutant: ${mut:-none}"
             GGML_PY_MUTANT=$mut GGML_PY_MUTANT_TOOL=$W/tools/mutants.py \
                 PYTHONPATH=$W/.mutants/site:$PYTHONPATH timeout 200 "${PY[@]}" -q -rfE \
-                tests/test_copy.py tests/test_accelerators.py tests/test_metal.py \
+                tests/rpc/test_copy.py tests/accel/test_accelerators.py tests/accel/test_metal.py \
                 -k "copy" 2>&1 | grep -Ev '^\s*$' | tail -30
         done
     } > "$OUT/copymut.log" 2>&1

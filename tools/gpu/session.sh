@@ -16,7 +16,7 @@
 # vkpair  two Vulkan devices on the one GPU (GGML_VK_VISIBLE_DEVICES=0,0): the device list,
 #         then the event mutation check on the Vulkan pair, every line of output kept
 # bench   benchmarks/bench_graph.py --device CUDA0
-# suite   suite1 (tests/test_[a-g]*.py) then suite2 (the other files), GGML_CUDA_DEVICES=2,
+# suite   suite1 (tests/*/test_[a-g]*.py) then suite2 (the other files), GGML_CUDA_DEVICES=2,
 #         slow tests included; each half's log and junit in $OUT
 set -u
 cd "$(dirname "$0")/../.."
@@ -73,8 +73,8 @@ checks)
     echo "mutation done at ${SECONDS}s" | tee -a "$OUT/env.txt"
     GGML_CUDA_DEVICES=4 python3 -m ggml_py > "$OUT/cuda4.txt" 2>&1
     GGML_CUDA_DEVICES=4 timeout 90 python3 -m pytest -q -rfEs "${PLUGIN[@]}" \
-        tests/test_multi_gpu.py tests/test_accelerators.py tests/test_event.py \
-        tests/test_scheduler.py tests/test_copy.py >> "$OUT/cuda4.txt" 2>&1
+        tests/accel/test_multi_gpu.py tests/accel/test_accelerators.py tests/rpc/test_event.py \
+        tests/rpc/test_scheduler.py tests/rpc/test_copy.py >> "$OUT/cuda4.txt" 2>&1
     echo "cuda4 done at ${SECONDS}s" | tee -a "$OUT/env.txt"
     {
         echo "== event_rss.c: ggml events on CUDA0 and raw cudaEvent cycles"
@@ -83,7 +83,7 @@ checks)
             GGML_CUDA_DEVICES=2 timeout 60 /tmp/event_rss 200000
     } > "$OUT/rss.txt" 2>&1
     if [ -z "${SKIP_GEN:-}" ]; then       # every device of the build, and RPC (issue 16)
-        GGML_CUDA_DEVICES=2 timeout "${GEN_SECONDS:-120}" python3 tests/generated.py \
+        GGML_CUDA_DEVICES=2 timeout "${GEN_SECONDS:-120}" python3 tests/support/generated.py \
             --examples 100000 > "$OUT/gen.log" 2>&1
         echo "generator exit $? (124: stopped by its time limit, no failure)" >> "$OUT/gen.log"
     fi
@@ -143,8 +143,8 @@ suite|suite1|suite2)
     export GGML_PY_BUILD=$folder GGML_CUDA_DEVICES=2
     TIMEOUT=(); python3 -c 'import pytest_timeout' 2>/dev/null && TIMEOUT=(--timeout=300)
     part() {
-        if [ "$1" = suite1 ]; then files=(tests/test_[a-g]*.py); else
-            files=(); for f in tests/test_*.py; do [[ $(basename "$f") == test_[a-g]* ]] || files+=("$f"); done
+        if [ "$1" = suite1 ]; then files=(tests/*/test_[a-g]*.py); else
+            files=(); for f in tests/*/test_*.py; do [[ $(basename "$f") == test_[a-g]* ]] || files+=("$f"); done
         fi
         python3 -m pytest -ra --durations=15 "${TIMEOUT[@]}" "${PLUGIN[@]}" \
             --junitxml="$OUT/junit-$1.xml" "${files[@]}" > "$OUT/pytest-$1.log" 2>&1

@@ -1,0 +1,104 @@
+"""The mutation tools key their mutants on stable names, never on line numbers or line text
+alone (issue 28).
+
+tools/mutate.py (hand-named rules): each rule's text must be found exactly once inside its
+named function, or the run would silently test nothing (the full run, which deletes each rule
+and runs its tests, is `python tools/mutate.py`).
+
+tools/mutants.py (mutants by class over the surface): every name is unique, every module that
+calls ggml has mutants, every class is generated, and a sample applies to the live package
+(the full run is `python tools/mutants.py`; docs/mutation.md)."""
+import ast
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+mutate = _load("mutate")
+mutants = _load("mutants")
+
+
+@pytest.mark.parametrize("name", list(mutate.MUTATIONS))
+def test_rule_text_is_found_once_in_its_function(name):
+    path, qual, old, new, tests = mutate.MUTATIONS[name]
+    src = (ROOT / path).read_text()
+    assert mutate.mutated(src, qual, old, new) is not None, \
+        f"{name}: {old!r} not found once in {path}:{qual}; update tools/mutate.py"
+    assert old != new and tests
+
+
+@pytest.fixture(scope="module")
+def found():
+    return mutants.discover()
+
+
+def test_mutants_have_unique_stable_names(found):
+    names = [m.name for m in found]
+    assert len(names) == len(set(names))
+    assert all(":" in m.qualname or m.qualname for m in found)
+    assert not any(ch.isdigit() and ch == m.name.split(":")[1] for m in found for ch in m.name)
+    assert {m.cls for m in found} == set(mutants.CLASSES)
+
+
+def _calls_ggml_in_a_function(tree: ast.AST) -> bool:
+    """A call `lib.ggml_*(...)` / `lib.gguf_*(...)` inside a function body (not in a docstring)."""
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and isinstance(node.func.value, ast.Name) and node.func.value.id == "lib"
+                        and node.func.attr.startswith(("ggml_", "gguf_"))):
+                    return True
+    return False
+
+
+def test_every_module_that_calls_ggml_has_mutants(found):
+    modules = {m.path for m in found}
+    checked = 0
+    for p in sorted((ROOT / "ggml_py").rglob("*.py")):
+        rel = p.relative_to(ROOT)
+        if "lib" in rel.parts[1:-1]:
+            continue
+        if _calls_ggml_in_a_function(ast.parse(p.read_text())):
+            checked += 1
+            assert str(rel) in modules, f"{rel} calls ggml but has no mutants"
+    assert checked >= 10          # (the walk found the modules that call ggml)
+
+
+def test_a_sample_of_mutants_applies_to_the_live_package(found):
+    """Each applies in a forked child (the parent's package stays untouched)."""
+    if not hasattr(os, "fork"):
+        pytest.skip("needs fork")
+    sample = mutants.sample(found, 0, seed=28)[:20]
+    for m in sample:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                mutants.apply(m)
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"{m.name} does not apply"
+
+
+def test_must_kill_list_names_live_mutants(found):
+    """tools/must_kill.txt (CI runs it with --min-kill 100) names mutants that exist: a renamed
+    function must rename its line there, not drop out of the check silently."""
+    names = {m.name for m in found}
+    listed = [ln.strip() for ln in (ROOT / "tools" / "must_kill.txt").read_text().splitlines()
+              if ln.strip() and not ln.startswith("#")]
+    assert listed and not [n for n in listed if n not in names]
