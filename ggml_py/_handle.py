@@ -230,6 +230,12 @@ class Owned:
     def closed(self) -> bool:
         return self._raw is None
 
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while the handle is in use (a call into ggml, a close): what another object
+        holds to keep this one from closing under it."""
+        return self._lock
+
     def close(self) -> None:
         """Free the handle now. Idempotent; children still open are closed first. Waits for
         a use of the object in another thread to finish."""
