@@ -205,7 +205,10 @@ class Owned:
         self._raw = raw
         self._parents = tuple(p for p in parents if isinstance(p, Owned))  # strong references
         self._children: weakref.WeakSet[Owned] = weakref.WeakSet()
-        self._lock = threading.RLock()
+        # held while the handle is in use (a call into ggml, a close): `lock` is what other
+        # objects hold to keep this one from closing under them (an attribute, not a
+        # property: transfers take it on every call); `_lock` names it in the class's own code
+        self.lock = self._lock = threading.RLock()
         # `guard` (optional) says whether freeing is still safe: ggml's RPC client aborts the
         # process when it frees remote memory of a server that has died.
         self._finalizer = finalize(self, _release, free, raw, self._kind, guard)
@@ -229,12 +232,6 @@ class Owned:
     @property
     def closed(self) -> bool:
         return self._raw is None
-
-    @property
-    def lock(self) -> threading.RLock:
-        """Held while the handle is in use (a call into ggml, a close): what another object
-        holds to keep this one from closing under it."""
-        return self._lock
 
     def close(self) -> None:
         """Free the handle now. Idempotent; children still open are closed first. Waits for

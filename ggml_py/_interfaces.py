@@ -7,16 +7,13 @@ even the imports read only by type checkers run one way (tests/test_import_graph
 
 - The protocols (``typing.Protocol``) are for annotations: what a backend knows of its device,
   what a tensor knows of its context. Nothing checks them at run time.
-- The declared kinds (``abc.ABC``) are named as bases by the classes that implement them, and
-  an argument's kind is asked with ``isinstance`` against them (an ABC answers from its cache
-  in a fraction of a microsecond; a runtime-checkable Protocol walks the members each time),
-  never with an attribute probe.
-- :class:`TensorLike` is a plain base class: ``isinstance`` against it stays as quick as
-  against any class, which matters on the paths that build graphs.
+- The declared kinds (:class:`Queue`, :class:`Waitable`, :class:`Computable`,
+  :class:`TensorLike`) are plain base classes, named as bases by the classes that implement
+  them; an argument's kind is asked with ``isinstance`` against them, never with an attribute
+  probe.
 """
 from __future__ import annotations
 
-import abc
 import threading
 from typing import Any, Callable, Iterable, Protocol
 
@@ -107,63 +104,70 @@ class TensorHome(Protocol):
 
 
 # -- declared kinds, asked with isinstance ------------------------------------------------------
+# Plain base classes, named as bases by the classes that implement them: ``isinstance``
+# against one costs what it costs against any class (an ABC's check takes a few times as long,
+# a runtime-checkable Protocol's microseconds, and it reads properties that may raise).
 
 
-class Queue(abc.ABC):
+class Queue:
     """A backend's queue, as transfers and events use it (``_backend.Backend``)."""
 
-    @property
-    @abc.abstractmethod
-    def ptr(self) -> Any: ...
+    __slots__ = ()
+
+    lock: threading.RLock       # held while ggml uses the queue (Owned.lock)
 
     @property
-    @abc.abstractmethod
-    def name(self) -> str: ...
+    def ptr(self) -> Any:
+        raise NotImplementedError
 
     @property
-    @abc.abstractmethod
-    def lock(self) -> threading.RLock: ...
+    def name(self) -> str:
+        raise NotImplementedError
 
     @property
-    @abc.abstractmethod
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        raise NotImplementedError
 
-    @abc.abstractmethod
     def ensure_alive(self) -> None:
         """RPCError when its server died (before any call that would abort the process)."""
+        raise NotImplementedError
 
-    @abc.abstractmethod
     def keep_until_synchronized(self, obj: Any) -> None:
         """Keep `obj` (host arrays, tensors, events) alive until the queue synchronizes."""
+        raise NotImplementedError
 
-    @abc.abstractmethod
     def can_free(self) -> bool:
         """Whether memory may still be freed through the queue's device (not when its RPC
         server died: ggml's client would abort the process)."""
+        raise NotImplementedError
 
 
-class Waitable(abc.ABC):
+class Waitable:
     """An event a queue can wait on (``_event.Event``)."""
 
-    @property
-    @abc.abstractmethod
-    def ptr(self) -> Any: ...
+    __slots__ = ()
 
     @property
-    @abc.abstractmethod
-    def device(self) -> DeviceLike: ...
+    def ptr(self) -> Any:
+        raise NotImplementedError
 
-    @abc.abstractmethod
+    @property
+    def device(self) -> DeviceLike:
+        raise NotImplementedError
+
     def add_waiter(self, queue: Queue) -> None:
         """Note that `queue` waits on the event (its close synchronizes that queue first)."""
+        raise NotImplementedError
 
 
-class Computable(abc.ABC):
+class Computable:
     """What a backend computes (``_graph.Graph``)."""
 
-    @abc.abstractmethod
+    __slots__ = ()
+
     def compute_on(self, backend: Any, *, asynchronous: bool) -> None:
         """Compute on `backend`, waiting for it unless `asynchronous`."""
+        raise NotImplementedError
 
 
 class TensorLike:

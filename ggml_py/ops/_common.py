@@ -224,8 +224,9 @@ def build(owner: Tensor, fn: Callable[..., Any], *args: Any, ndim: int | None = 
     """The result of ``fn(ctx_raw, *args)`` built in `owner`'s context and kept by it (`view`:
     the op may return a view of allocated memory; `like`: the result has that operand's shape
     and type)."""
-    result: Tensor = owner.ctx.build(fn, args, owner.ndim if ndim is None else ndim, uses, room,
-                                     view=view, like=like)
+    ctx = owner.ctx
+    result: Tensor = ctx.build(fn, args, owner.ndim if ndim is None else ndim, uses, room,
+                               view=view, like=like)
     return result
 
 
