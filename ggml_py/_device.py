@@ -126,6 +126,10 @@ class BufferType(Borrowed):
         if hook is not None:
             hook(tensors)
 
+    def admit_with(self, check: Any) -> None:
+        """Give this buffer type the check of :meth:`admit` (a meta device's: its split)."""
+        _ADMIT[int(ffi.cast("uintptr_t", self.ptr))] = check
+
     @property
     def admits(self) -> bool:
         """Whether :meth:`admit` checks anything for this buffer type."""
@@ -203,6 +207,11 @@ class Device(Borrowed):
 
     _cache: dict[int, "Device"] = {}
     __slots__ = ("__weakref__",)
+
+    @classmethod
+    def remember(cls, dev: "Device") -> None:
+        """Make `dev` the one object of its handle (a device made here, a meta device)."""
+        cls._cache[int(ffi.cast("uintptr_t", dev.ptr))] = dev
 
     @classmethod
     def _of(cls, ptr: Any) -> "Device":
