@@ -177,7 +177,13 @@ class TensorLike:
     __slots__ = ()
 
     ctx: TensorHome
-    _p: Any          # the raw tensor, unchecked: for callers that checked the context is open
+    # read directly by the op builders on the paths that build graphs, where a property call
+    # would cost a tenth of an op: the raw tensor, unchecked (for callers that checked the
+    # context is open), and the facts a tensor caches (None until read; `_ndim` always an int)
+    _p: Any
+    _ndim: int
+    _ne: tuple[int, ...] | None
+    _nb: tuple[int, ...] | None
 
     @property
     def ptr(self) -> Any:
