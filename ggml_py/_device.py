@@ -209,11 +209,6 @@ class Device(Borrowed):
     __slots__ = ("__weakref__",)
 
     @classmethod
-    def remember(cls, dev: "Device") -> None:
-        """Make `dev` the one object of its handle (a device made here, a meta device)."""
-        cls._cache[int(ffi.cast("uintptr_t", dev.ptr))] = dev
-
-    @classmethod
     def _of(cls, ptr: Any) -> "Device":
         key = int(ffi.cast("uintptr_t", ptr))
         dev = cls._cache.get(key)

@@ -182,7 +182,8 @@ class MetaDevice(Device):
     @classmethod
     def _made(cls, raw: Any, parts: Sequence[Device], splitter: _Splitter,
               allreduce: str) -> "MetaDevice":
-        dev = cls(raw)
+        dev = cls._of(raw)           # (the one object of its handle from now on)
+        assert isinstance(dev, cls)
         dev.parts, dev.splitter, dev._allreduce = tuple(parts), splitter, allreduce
         return dev
 
@@ -432,7 +433,6 @@ def meta_device(devices: Sequence[Device | str], split: SplitSpec, *,
     if raw == ffi.NULL:
         raise GGMLError("ggml_backend_meta_device failed")
     dev = MetaDevice._made(raw, parts, sp, allreduce)
-    Device.remember(dev)
     register(raw, dev)
     compose(raw, dev)
     BufferType(lib.ggml_backend_dev_buffer_type(raw)).admit_with(sp.admit)
