@@ -205,7 +205,9 @@ class Backend(Owned, Queue):
 
     def compute(self, graph: Computable) -> None:
         """Compute `graph` and wait for it."""
-        _graph_of(graph).compute_on(self, asynchronous=False)
+        if not isinstance(graph, Computable):      # (no call more on the recompute path)
+            raise InvalidArgument(f"compute: expected a gg.Graph, not {type(graph).__name__}")
+        graph.compute_on(self, asynchronous=False)
 
     def can_free(self) -> bool:
         """Whether freeing memory through this backend's device is safe: ggml's RPC client
