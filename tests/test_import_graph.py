@@ -6,6 +6,8 @@ contract in pyproject.toml (``lint-imports``, run by .ci/run)."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,6 +133,18 @@ def test_no_import_circle():
     needing a name from above it for an annotation asks for a Protocol from below instead."""
     cycle = find_cycle(import_graph(), {MODULE, TYPE_CHECKING})
     assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_the_layers_contract_holds():
+    """import-linter's layers contract (pyproject.toml), the check `lint-imports` makes in CI:
+    no module imports one of a floor above its own, inside functions and under TYPE_CHECKING
+    included, but for the imports the contract lists with their reason."""
+    pytest.importorskip("importlinter")
+    code = ("import sys; from importlinter.cli import lint_imports_command; "
+            "sys.argv = ['lint-imports', '--no-cache']; lint_imports_command()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=PKG.parent)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
 
 
 def test_a_circle_is_found(tmp_path):
