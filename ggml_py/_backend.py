@@ -12,22 +12,17 @@ from __future__ import annotations
 
 import builtins
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from . import _transfer
 from . import _handle
 from ._handle import Owned
+from ._interfaces import BufferTypeLike, Computable, DeviceLike, Queue, TensorLike, Waitable
 from ._rpc_liveness import ensure_alive, free_guard, supports_op
 from ._loader import cstr, ffi, lib
 from .errors import check_ptr, InvalidArgument, InvalidType, UnsupportedError, require
-
-if TYPE_CHECKING:
-    from ._device import BufferType, Device
-    from ._event import Event
-    from ._graph import Graph
-    from ._tensor import Tensor
 
 
 #: the most threads a CPU-type backend takes (ggml's GGML_MAX_N_THREADS)
@@ -62,13 +57,13 @@ def _named_after(name: str, device: str) -> str:
     return device + (name[bracket:] if bracket >= 0 else "")
 
 
-class Backend(Owned):
+class Backend(Owned, Queue):
     """``ggml_backend_t``. Owned: close() or use ``with``. Keeps what async calls use alive
     (host arrays, tensors, graphs) until :meth:`synchronize`."""
 
     _kind = "backend"
 
-    def __init__(self, raw: Any, device: "Device") -> None:
+    def __init__(self, raw: Any, device: DeviceLike) -> None:
         self._guard = free_guard(device.ptr)
         super().__init__(raw, lib.ggml_backend_free, guard=self._guard)
         self._device = device
@@ -77,7 +72,7 @@ class Backend(Owned):
         self._name = _named_after(cstr(lib.ggml_backend_name(raw)) or "", device.name)
 
     @classmethod
-    def _create(cls, device: "Device", *, n_threads: int | None = None,
+    def _create(cls, device: DeviceLike, *, n_threads: int | None = None,
                 params: str | None = None) -> "Backend":
         require(params is None or isinstance(params, str),
                 f"backend: params must be a str, not {type(params).__name__}", InvalidType)
@@ -99,13 +94,13 @@ class Backend(Owned):
         return self._name
 
     @property
-    def device(self) -> "Device":
+    def device(self) -> DeviceLike:
         """The Device this backend runs on."""
         self.ptr
         return self._device
 
     @property
-    def default_buffer_type(self) -> "BufferType":
+    def default_buffer_type(self) -> BufferTypeLike:
         """The buffer type of this backend's device (ggml's default for the backend)."""
         self.ptr
         return self._device.buffer_type
@@ -159,44 +154,44 @@ class Backend(Owned):
             lib.ggml_backend_synchronize(self.ptr)
             self._pending.clear()
 
-    def supports_op(self, tensor: "Tensor") -> bool:
+    def supports_op(self, tensor: TensorLike) -> bool:
         """Whether this backend can compute `tensor`'s op with its operands' types and shapes
         (``ggml_backend_supports_op``)."""
         return supports_op(lib.ggml_backend_get_device(self.ptr), tensor.ptr)
 
-    def supports_buffer_type(self, buft: "BufferType") -> bool:
+    def supports_buffer_type(self, buft: BufferTypeLike) -> bool:
         """Whether this backend can use memory of buffer type `buft`
         (``ggml_backend_supports_buft``)."""
         return bool(lib.ggml_backend_supports_buft(self.ptr, buft.ptr))
 
     # -- data --------------------------------------------------------------------------------
-    def set(self, tensor: "Tensor", array: Any, offset: int = 0) -> None:  # noqa: A003
+    def set(self, tensor: TensorLike, array: Any, offset: int = 0) -> None:  # noqa: A003
         """Blocking copy of `array` into `tensor`."""
         self.ensure_alive()
         _transfer.blocking_set(tensor, array, offset)
 
-    def get(self, tensor: "Tensor", out: Any = None, offset: int = 0) -> np.ndarray:
+    def get(self, tensor: TensorLike, out: Any = None, offset: int = 0) -> np.ndarray:
         """Blocking copy of `tensor` into `out` (a new array when None)."""
         self.ensure_alive()
         if out is None:
             return tensor.numpy(copy=True)
         return _transfer.blocking_get(tensor, out, offset)
 
-    def set_async(self, tensor: "Tensor", array: Any, offset: int = 0, *,
+    def set_async(self, tensor: TensorLike, array: Any, offset: int = 0, *,
                   flat: bool = False) -> None:
         """Queue a copy of `array` into `tensor`; `array` is kept alive until synchronize().
         The array has the tensor's shape, or `flat=True` writes its elements (or raw uint8
         bytes) in memory order at byte `offset`."""
         _transfer.set_async(self, tensor, array, offset, flat)
 
-    def get_async(self, tensor: "Tensor", out: Any, offset: int = 0) -> np.ndarray:
+    def get_async(self, tensor: TensorLike, out: Any, offset: int = 0) -> np.ndarray:
         """Queue a copy of `tensor` into `out`; valid after synchronize()."""
         return _transfer.get_async(self, tensor, out, offset)
 
     # -- events and graphs -------------------------------------------------------------------
-    def wait(self, event: "Event") -> None:
+    def wait(self, event: Waitable) -> None:
         """Make work queued on this backend after now wait for `event`."""
-        require(hasattr(event, "add_waiter"),      # the argument's kind first, then the caps
+        require(isinstance(event, Waitable),      # the argument's kind first, then the caps
                 f"wait: expected an Event, not {type(event).__name__}", InvalidType)
         self._device.require_events()
         require(event.device.registry == self._device.registry,
@@ -208,15 +203,18 @@ class Backend(Owned):
             event.add_waiter(self)
             self.keep_until_synchronized(event)  # not collected while this queue may wait on it
 
-    def compute(self, graph: "Graph") -> None:
+    def compute(self, graph: Computable) -> None:
         """Compute `graph` and wait for it."""
-        try:
-            run = graph.compute_on
-        except AttributeError:                # (no second lookup on the hot path)
-            run = _graph_of(graph).compute_on
-        run(self, asynchronous=False)
+        if not isinstance(graph, Computable):      # (no call more on the recompute path)
+            raise InvalidArgument(f"compute: expected a gg.Graph, not {type(graph).__name__}")
+        graph.compute_on(self, asynchronous=False)
 
-    def compute_async(self, graph: "Graph") -> None:
+    def can_free(self) -> bool:
+        """Whether freeing memory through this backend's device is safe: ggml's RPC client
+        aborts the process when it frees memory of a server that has died."""
+        return self._guard is None or self._guard()
+
+    def compute_async(self, graph: Computable) -> None:
         """Queue `graph`; results are valid after synchronize()."""
         _graph_of(graph).compute_on(self, asynchronous=True)
 
@@ -226,7 +224,7 @@ class Backend(Owned):
     def close(self) -> None:
         """Free the backend (idempotent); waits for work queued on it first."""
         with self._lock:
-            if self._raw is not None and (self._guard is None or self._guard()):
+            if self._raw is not None and self.can_free():
                 lib.ggml_backend_synchronize(self._raw)  # nothing queued may outlive its memory
                 self._pending.clear()
             super().close()
@@ -235,10 +233,10 @@ class Backend(Owned):
         return "<Backend closed>" if self.closed else f"<Backend {self._name} on {self._device.name}>"
 
 
-def _graph_of(graph: Any) -> "Graph":
-    if not hasattr(graph, "compute_on"):
+def _graph_of(graph: Any) -> Computable:
+    if not isinstance(graph, Computable):
         raise InvalidArgument(f"compute: expected a gg.Graph, not {type(graph).__name__}")
-    return graph  # type: ignore[no-any-return]
+    return graph
 
 
 __all__ = ["Backend", "usable_cores"]

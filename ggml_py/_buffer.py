@@ -11,18 +11,16 @@ buffer type it used, so this module needs nothing from the device module.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ._handle import Owned
+from ._interfaces import BufferTypeLike
 from ._rpc_liveness import ensure_alive, free_guard
 from . import _written
 from ._loader import cstr, ffi, lib
 from .errors import ClosedError, GGMLError, require
-
-if TYPE_CHECKING:
-    from ._device import BufferType
 
 _USAGE = {"any": lib.GGML_BACKEND_BUFFER_USAGE_ANY,
           "weights": lib.GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
@@ -34,7 +32,7 @@ class Buffer(Owned):
 
     _kind = "buffer"
 
-    def __init__(self, raw: Any, buffer_type: "BufferType", *, keep: object = None,
+    def __init__(self, raw: Any, buffer_type: BufferTypeLike, *, keep: object = None,
                  parents: tuple[Any, ...] = (), owned: bool = True) -> None:
         dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(raw))
         self._dev = None if dev == ffi.NULL else dev
@@ -89,7 +87,7 @@ class Buffer(Owned):
         return self._is_host
 
     @property
-    def buffer_type(self) -> "BufferType":
+    def buffer_type(self) -> BufferTypeLike:
         """The BufferType that made this buffer."""
         self.ptr
         return self._buffer_type
@@ -159,7 +157,7 @@ class BorrowedBuffer(Buffer):
     hold on it: every use asks the tensor again (ClosedError once the context closed, or the
     tensor no longer has its memory in this buffer), under the context's lock."""
 
-    def __init__(self, raw: Any, buffer_type: "BufferType", tensor: Any) -> None:
+    def __init__(self, raw: Any, buffer_type: BufferTypeLike, tensor: Any) -> None:
         super().__init__(raw, buffer_type, parents=(tensor.ctx,), owned=False)
         self._tensor = tensor
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, cast
 
 import numpy as np
 
@@ -229,7 +229,7 @@ class Context(Owned):
         """build() with operands of other contexts: they are recorded as this context's
         dependencies, and locked too, so another thread closing one of them waits until
         ggml has read the operand, and a context closed meanwhile raises here."""
-        others = [u.ctx for u in uses if u.ctx is not self]
+        others = [cast("Context", u.ctx) for u in uses if u.ctx is not self]
         for c in others:
             self.uses(c)
         locks = sorted({id(c): c for c in [self, *others]}.values(), key=id)

@@ -126,6 +126,10 @@ class BufferType(Borrowed):
         if hook is not None:
             hook(tensors)
 
+    def admit_with(self, check: Any) -> None:
+        """Give this buffer type the check of :meth:`admit` (a meta device's: its split)."""
+        _ADMIT[int(ffi.cast("uintptr_t", self.ptr))] = check
+
     @property
     def admits(self) -> bool:
         """Whether :meth:`admit` checks anything for this buffer type."""

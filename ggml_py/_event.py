@@ -10,53 +10,51 @@ ggml offers nothing more (no query, no timing), and neither does this class.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._backend import Backend
 from ._handle import Owned
+from ._interfaces import DeviceLike, Queue, Waitable
 from ._rpc_liveness import ensure_alive, free_guard
 from ._loader import ffi, lib
 from .errors import GGMLError, InvalidType, check_ptr, require
 
-if TYPE_CHECKING:
-    from ._backend import Backend
-    from ._device import Device
 
-
-class Event(Owned):
+class Event(Owned, Waitable):
     """``ggml_backend_event_t`` of one device. Owned: close() or use ``with``."""
 
     _kind = "event"
 
-    def __init__(self, raw: Any, device: "Device") -> None:
+    def __init__(self, raw: Any, device: DeviceLike) -> None:
         super().__init__(raw, lib.ggml_backend_event_free, guard=free_guard(device.ptr))
         self._device = device
-        self._waiters: weakref.WeakSet[Backend] = weakref.WeakSet()  # queues that wait on it
+        self._waiters: weakref.WeakSet[Queue] = weakref.WeakSet()  # queues that wait on it
         self._recorded = False       # whether record() ever queued its signal
 
     @classmethod
-    def _create(cls, device: "Device") -> "Event":
+    def _create(cls, device: DeviceLike) -> "Event":
         device.require_events()
         raw = check_ptr(lib.ggml_backend_event_new(device.ptr),
                         f"ggml could not create an event on {device.name}")
         return cls(raw, device)
 
     @property
-    def device(self) -> "Device":
+    def device(self) -> DeviceLike:
         """The Device the event was made for."""
         self.ptr
         return self._device
 
-    def add_waiter(self, backend: "Backend") -> None:
-        """Note that `backend`'s queue waits on this event (close() synchronizes it first)."""
-        self._waiters.add(backend)
+    def add_waiter(self, queue: Queue) -> None:
+        """Note that `queue` waits on this event (close() synchronizes it first)."""
+        self._waiters.add(queue)
 
-    def record(self, backend: "Backend") -> None:
+    def record(self, backend: Backend) -> None:
         """Record the event at the current end of `backend`'s queue (same device only)."""
-        require(hasattr(backend, "keep_until_synchronized"),
+        require(isinstance(backend, Backend),
                 f"record: expected a Backend, not {type(backend).__name__}", InvalidType)
         require(backend.device == self._device,
                 f"an event of {self._device.name} cannot be recorded on {backend.device.name}")
-        with backend._lock:
+        with backend.lock:
             backend.ensure_alive()
             lib.ggml_backend_event_record(self.ptr, backend.ptr)
             self._recorded = True
@@ -85,7 +83,7 @@ class Event(Owned):
         with self._lock:
             if self._raw is not None:
                 for be in list(self._waiters):
-                    if not be.closed and (be._guard is None or be._guard()):
+                    if not be.closed and be.can_free():
                         lib.ggml_backend_synchronize(be.ptr)
                 self._waiters = weakref.WeakSet()
             super().close()

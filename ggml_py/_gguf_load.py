@@ -15,6 +15,7 @@ from ._written import wrote
 
 if TYPE_CHECKING:
     from ._device import BufferType, Device
+    from ._interfaces import DeviceLike
     from ._tensor import Tensor
     from .gguf import GGUFFile, TensorInfo
 
@@ -24,7 +25,7 @@ CHUNK = 64 << 20          # bytes per upload step
 AUTO_PROGRESS = 256 << 20  # "auto" prints for uploads at least this large
 
 
-def _buffer_type(target: Any) -> "tuple[BufferType, Device | None]":
+def _buffer_type(target: Any) -> "tuple[BufferType, DeviceLike | None]":
     """(buffer type, device) of a load target. The device is found from the target, as
     ggml's CPU buffer type names no device."""
     import ggml_py as gg
@@ -42,7 +43,7 @@ def _buffer_type(target: Any) -> "tuple[BufferType, Device | None]":
     raise InvalidArgument(f"load() takes a Backend, Device or BufferType, not {type(target).__name__}")
 
 
-def _zero_copy(f: "GGUFFile", buft: "BufferType", dev: "Device | None",
+def _zero_copy(f: "GGUFFile", buft: "BufferType", dev: "DeviceLike | None",
                infos: "list[TensorInfo]", tensors: "dict[str, Tensor]") -> bool:
     """Place the tensors on the file's mapped pages; False when that is not possible here."""
     if dev is None or not buft.is_host or not dev.caps.buffer_from_host_ptr \

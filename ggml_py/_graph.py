@@ -17,12 +17,13 @@ import itertools
 import os
 import tempfile
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, cast
 
 import numpy as np
 
 from . import _handle, _record_pool, _written
 from ._handle import Owned, Placer
+from ._interfaces import Computable
 from ._rpc_liveness import free_guard, second_opinion
 from ._loader import HELPERS, cstr, ffi, lib
 from ._tensor import Tensor
@@ -110,7 +111,7 @@ def _refuse_closed_operands(outs: list[Tensor], closed: list[Context]) -> None:
                 stack.append(s)
 
 
-class Graph(Placer):
+class Graph(Placer, Computable):
     """A forward graph over `outputs` (a tensor or a list of tensors)."""
 
     def __init__(self, outputs: Tensor | list[Tensor], *, capacity: int | None = None) -> None:
@@ -120,7 +121,7 @@ class Graph(Placer):
                 "Graph: needs a Tensor or a non-empty list of Tensors", InvalidType)
         assert outs is not None
         self.outputs = outs
-        self.ctx: Context = outs[0].ctx
+        self.ctx: Context = cast("Context", outs[0].ctx)
         self._allocs: dict[int, Owned] = {}
         self._checked: weakref.WeakSet[Backend] = weakref.WeakSet()  # validated and allocated
         self._epoch = _handle.EPOCH          # (closes since: see prepare)

@@ -109,7 +109,7 @@ gc.callbacks.append(_gc_phase)
 # runtime (libgomp) has no at-fork handler, and its pool of the parent's threads does not
 # exist in the child, which then waits forever. In a child every thread count of ggml_py
 # (each CPU backend's, set through Backend.n_threads) is therefore 1: THREADS_AFTER_FORK, and
-# the backends alive at the fork are set to it (each object with a ``_forked`` method).
+# the backends alive at the fork are set to it (``Owned._forked``, which Backend overrides).
 THREADS_AFTER_FORK: int | None = None
 
 
@@ -119,12 +119,10 @@ def _after_fork() -> None:
                              # collector never reaches "stop", and every free would queue
     THREADS_AFTER_FORK = 1
     for obj in list(LIVE):
-        forked = getattr(obj, "_forked", None)
-        if forked is not None:
-            try:
-                forked()
-            except Exception:    # (closed meanwhile: nothing to set)
-                pass
+        try:
+            obj._forked()
+        except Exception:    # (closed meanwhile: nothing to set)
+            pass
 
 
 if hasattr(os, "register_at_fork"):
@@ -205,7 +203,10 @@ class Owned:
         self._raw = raw
         self._parents = tuple(p for p in parents if isinstance(p, Owned))  # strong references
         self._children: weakref.WeakSet[Owned] = weakref.WeakSet()
-        self._lock = threading.RLock()
+        # held while the handle is in use (a call into ggml, a close): `lock` is what other
+        # objects hold to keep this one from closing under them (an attribute, not a
+        # property: transfers take it on every call); `_lock` names it in the class's own code
+        self.lock = self._lock = threading.RLock()
         # `guard` (optional) says whether freeing is still safe: ggml's RPC client aborts the
         # process when it frees remote memory of a server that has died.
         self._finalizer = finalize(self, _release, free, raw, self._kind, guard)
@@ -254,6 +255,10 @@ class Owned:
     def _devices(self) -> set[Any]:
         """Raw device handles this object depends on (for closing it with its RPC server)."""
         return set()
+
+    def _forked(self) -> None:
+        """Called in a forked child for every object alive at the fork (see
+        THREADS_AFTER_FORK); nothing by default."""
 
     def __enter__(self: _O) -> _O:
         self.ptr  # refuse to enter a closed object

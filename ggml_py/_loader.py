@@ -15,7 +15,7 @@ from typing import Any
 
 from ._where import LIB_ROOT, MODULE, PACKAGE, available_builds, build_dir
 from ._where import _missing_build_message
-from .errors import GGMLError, bind
+from .errors import GGMLError
 
 
 def _import_file(path: Path) -> Any:
@@ -52,7 +52,6 @@ def load() -> tuple[Any, Any, dict[str, Any], Path]:
 
 
 ffi, lib, BUILD, BUILD_DIR = load()
-bind(ffi, lib)      # errors.check_status speaks with ggml_status_to_string
 
 #: the version of ggml_build/helpers.c this package calls (ggml_py_helpers() returns it;
 #: bumped whenever an entry point's arguments change)

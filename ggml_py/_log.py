@@ -92,14 +92,17 @@ def _uninstall(lib: Any, ffi: Any) -> None:
         pass
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler of :func:`to_stderr` (added once)."""
+
+
 def to_stderr(level: int = logging.WARNING) -> None:
     """Print ggml's lines at `level` and above on stderr, bare, as ggml itself would: for child
     processes whose parent reads ggml's messages there (compare's workers)."""
-    if any(getattr(h, "_ggml_py_stderr", False) for h in logger.handlers):
+    if any(isinstance(h, _StderrHandler) for h in logger.handlers):
         return
-    handler = logging.StreamHandler()            # sys.stderr at each emit
+    handler = _StderrHandler()                   # sys.stderr at each emit
     handler.setFormatter(logging.Formatter("%(message)s"))
-    handler._ggml_py_stderr = True               # type: ignore[attr-defined]
     handler.setLevel(level)
     logger.addHandler(handler)
     if logger.getEffectiveLevel() > level:

@@ -28,12 +28,12 @@ import threading
 import weakref
 from typing import Any, Iterator, Mapping, Sequence
 
-from . import _device, _handle
+from . import _handle
 from ._backend import Backend
-from ._device import Device
+from ._device import BufferType, Device
 from ._rpc_liveness import compose, ensure_alive
 from ._loader import cstr, ffi, lib
-from ._meta_plan import (BY_DEV, Refused, _addr, meta_of_buffer, meta_of_tensor,  # noqa: F401
+from ._meta_plan import (BY_DEV, register, Refused, _addr, meta_of_buffer, meta_of_tensor,  # noqa: F401
                          meta_reduce, plan, plan_tensor, split_states, _Planner)
 from ._split import (MAX_DEVICES, MAX_DIMS, MIRRORED, PARTIAL, UNKNOWN, Split,  # noqa: F401
                      SplitSpec, State)
@@ -174,10 +174,18 @@ class MetaDevice(Device):
     """A device made of several (``gg.meta_device``): tensors in its buffers are split over
     its `parts` as its `split` says; its backend computes on all of them."""
 
-    __slots__ = ("parts", "_splitter", "_allreduce")
+    __slots__ = ("parts", "splitter", "_allreduce")
     parts: tuple[Device, ...]
-    _splitter: _Splitter
+    splitter: _Splitter          # how each tensor is split (the planning reads it)
     _allreduce: str
+
+    @classmethod
+    def _made(cls, raw: Any, parts: Sequence[Device], splitter: _Splitter,
+              allreduce: str) -> "MetaDevice":
+        dev = cls._of(raw)           # (the one object of its handle from now on)
+        assert isinstance(dev, cls)
+        dev.parts, dev.splitter, dev._allreduce = tuple(parts), splitter, allreduce
+        return dev
 
     @property
     def type(self) -> str:
@@ -216,7 +224,7 @@ class MetaDevice(Device):
 
     def check_access(self, raw: Any, what: str) -> None:
         """What ggml's meta buffer aborts on when `raw` is read or written (`what`)."""
-        self._splitter.raise_pending()
+        self.splitter.raise_pending()
         st = plan_tensor(raw)
         name = cstr(raw.name) or "(unnamed)"
         desc = f"{what} of {name!r} on {self.name}"
@@ -252,9 +260,9 @@ class MetaDevice(Device):
             idx: list[slice] = []
             start = 0
             for s in range(st.n_seg):
-                for r in range(st._nr(s)):
+                for r in range(st.seg_nr(s)):
                     for jj in range(n):
-                        size = st._ne(s * n + jj)
+                        size = st.seg_ne(s * n + jj)
                         if jj == j and size:
                             idx.append(slice(start, start + size))
                         start += size
@@ -424,13 +432,8 @@ def meta_device(devices: Sequence[Device | str], split: SplitSpec, *,
     raw = lib.ggml_backend_meta_device(arr, len(parts), _callback(), handle)
     if raw == ffi.NULL:
         raise GGMLError("ggml_backend_meta_device failed")
-    dev = MetaDevice(raw)
-    dev.parts = tuple(parts)
-    dev._splitter = sp
-    dev._allreduce = allreduce
-    Device._cache[_addr(raw)] = dev
-    BY_DEV[_addr(raw)] = dev
+    dev = MetaDevice._made(raw, parts, sp, allreduce)
+    register(raw, dev)
     compose(raw, dev)
-    buft = lib.ggml_backend_dev_buffer_type(raw)
-    _device._ADMIT[_addr(buft)] = sp.admit
+    BufferType(lib.ggml_backend_dev_buffer_type(raw)).admit_with(sp.admit)
     return dev

@@ -13,6 +13,12 @@ from .errors import InvalidArgument
 BY_DEV: dict[int, Any] = {}        # ggml's meta device handle -> its MetaDevice
 
 
+def register(raw: Any, meta: Any) -> None:
+    """Record `meta` (a MetaDevice of ggml_py._meta) as the device of ggml's meta device handle
+    `raw`: its buffers' tensors are planned with its ``splitter`` from now on."""
+    BY_DEV[_addr(raw)] = meta
+
+
 def _addr(p: Any) -> int:
     return int(ffi.cast("uintptr_t", p))
 
@@ -91,9 +97,9 @@ class _Planner:
                 raise Refused(f"meta device: {_label(t)} lives in a buffer of "
                               f"{cstr(lib.ggml_backend_buffer_name(buf))}, not of a meta "
                               "device; allocate it on the meta device (ctx.alloc(meta_backend))")
-            st: State | None = meta._splitter.static_state(t)
+            st: State | None = meta.splitter.static_state(t)
             if st is None:
-                meta._splitter.raise_pending()
+                meta.splitter.raise_pending()
                 raise Refused(f"meta device: {_label(t)} has no resolved split (placed "
                               "without Context.alloc?)")
             return st
@@ -337,7 +343,7 @@ def plan(graph: Any, backend: Any) -> dict[int, State]:
     """Check `graph` for the meta backend before ggml sees it: the split state of every
     node as ggml would derive it; Refused (an InvalidArgument) for what ggml aborts on."""
     dev = backend.device          # a MetaDevice (ggml_py._meta): parts and the splitter
-    dev._splitter.raise_pending()
+    dev.splitter.raise_pending()
     gp = graph.ptr
     n_nodes = int(lib.ggml_graph_n_nodes(gp))
     pl = _Planner(dev.n_parts)
@@ -369,7 +375,7 @@ def plan(graph: Any, backend: Any) -> dict[int, State]:
                       f"{_label(last.view_src)} in host memory; ggml's meta backend skips such "
                       "nodes and then aborts (GGML_ASSERT(i_start == cgraph->n_nodes)); end "
                       "the graph with gg.cont(view)")
-    dev._splitter.raise_pending()
+    dev.splitter.raise_pending()
     return states
 
 

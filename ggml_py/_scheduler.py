@@ -25,7 +25,7 @@ from ._backend import Backend
 from ._graph import Graph
 from . import _handle, _written
 from ._handle import Owned, Placer, hand_over
-from ._rpc_liveness import endpoint_of, supports_op
+from ._rpc_liveness import endpoint_of, free_guard, supports_op
 from ._loader import cstr, ffi, lib
 from ._tensor_base import give_back_rewired
 from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, OutOfMemory, check_status, require
@@ -77,7 +77,7 @@ class Scheduler(Owned, Placer):
                                          bool(parallel), bool(op_offload))
         if raw == ffi.NULL:
             raise GGMLError("ggml_backend_sched_new failed")
-        guards = [b._guard for b in backends if b._guard is not None]
+        guards = [g for g in (free_guard(b.device.ptr) for b in backends) if g is not None]
         self._guard = (lambda: all(g() for g in guards)) if guards else None
         super().__init__(raw, lib.ggml_backend_sched_free, parents=backends, guard=self._guard)
         self.backends = backends
@@ -267,7 +267,7 @@ class Scheduler(Owned, Placer):
         with contextlib.ExitStack() as stack:
             stack.enter_context(self._lock)
             for b in self.backends:
-                stack.enter_context(b._lock)
+                stack.enter_context(b.lock)
             yield
 
     def _compute(self, graph: Graph, fn: Callable[..., Any]) -> None:
@@ -275,7 +275,7 @@ class Scheduler(Owned, Placer):
                 InvalidType)
         with self._locked(), contextlib.ExitStack() as stack:
             for c in sorted(graph.contexts, key=id):
-                stack.enter_context(c._lock)
+                stack.enter_context(c.lock)
             self.ensure_alive()
             graph._require_open()           # before reading its index inputs
             if not self._wired or not any(entry[0] is graph for entry in self._placed):

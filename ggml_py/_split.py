@@ -32,13 +32,15 @@ class State:
         """Elements along the split axis on each device (segments and repeats summed)."""
         out = []
         for j in range(n):
-            out.append(sum(self._ne(s * n + j) * self._nr(s) for s in range(self.n_seg)))
+            out.append(sum(self.seg_ne(s * n + j) * self.seg_nr(s) for s in range(self.n_seg)))
         return out
 
-    def _ne(self, i: int) -> int:
+    def seg_ne(self, i: int) -> int:
+        """Elements of segment i // n on part i % n along the split axis (0 past the end)."""
         return self.ne[i] if i < len(self.ne) else 0
 
-    def _nr(self, s: int) -> int:
+    def seg_nr(self, s: int) -> int:
+        """How many times segment `s` repeats along the split axis (0 past the end)."""
         return self.nr[s] if s < len(self.nr) else 0
 
     def name(self, ndim: int | None = None) -> str:

@@ -48,7 +48,8 @@ def _constant(t: "Tensor", x: Any) -> "Tensor | None":
     if a.dtype.hasobject or not np.can_cast(a.dtype, dt, "same_kind"):
         raise InvalidType(f"an array of {a.dtype} cannot become a {t.type.name} constant "
                           f"(numpy's same_kind casting); convert it first")
-    return t.ctx.constant(a.astype(dt, copy=False).reshape(a.shape or (1,)))
+    c: Tensor = t.ctx.constant(a.astype(dt, copy=False).reshape(a.shape or (1,)))
+    return c
 
 
 def _mixed(name: str, a: Any, b: Any, reflected: bool = False) -> "Tensor":
@@ -254,7 +255,5 @@ class Tensor(TensorBase):
     def __bool__(self) -> bool:
         return True
 
-
-ops.bind(Tensor)     # (its operators build Tensors in one checked call)
 
 __all__ = ["Tensor"]

@@ -9,19 +9,17 @@ from C on first use and cached.
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from . import _types
 from ._buffer import Buffer, BorrowedBuffer
 from ._device import BufferType
+from ._interfaces import TensorHome, TensorLike
 from ._rpc_liveness import buffer_device, check_access
 from ._loader import cstr, ffi, lib
 from .errors import ClosedError, InvalidArgument, InvalidType, OutOfMemory, require
-
-if TYPE_CHECKING:
-    from ._context import Context
 
 # Nodes whose sources a scheduler points at copies of its own: ggml does so when it splits a
 # graph across backends, until its next split, and frees the copies with the scheduler. Each
@@ -92,14 +90,18 @@ def float_of(value: Any, what: str) -> float:
     return float(value)
 
 
-class TensorBase:
+class TensorBase(TensorLike):
     """A ggml tensor's facts; keeps the context that owns the tensor (and so its memory)
-    alive."""
+    alive.
+
+    The class deriving from it directly (:class:`~ggml_py.Tensor`) is the one the checked ops
+    build their results as: an op whose operands are all of that class calls ``cls(p, ctx,
+    ndim)`` with the operands' own class (see ``ops._common.CHECKED_OPS``)."""
 
     __slots__ = ("_p", "ctx", "_ndim", "_ne", "_nb", "_type", "_contig", "_shape", "_whole",
                  "__weakref__")
 
-    def __init__(self, p: Any, ctx: "Context", ndim: int | None = None,
+    def __init__(self, p: Any, ctx: TensorHome, ndim: int | None = None,
                  type: _types.GGMLType | None = None, ne: tuple[int, ...] | None = None,
                  nb: tuple[int, ...] | None = None, shape: tuple[int, ...] | None = None,
                  contig: bool | None = None) -> None:

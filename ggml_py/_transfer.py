@@ -7,29 +7,26 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any, TypeGuard
 
 import numpy as np
 
 from . import _types
+from ._interfaces import Queue, TensorLike
 from ._written import require_written, wrote
 from ._loader import HELPERS, ffi, lib
 from .errors import InvalidArgument, InvalidType, require
 
-if TYPE_CHECKING:
-    from ._backend import Backend
-    from ._tensor import Tensor
 
-
-def _holding(backends: tuple["Backend", ...], tensors: tuple["Tensor", ...]) -> contextlib.ExitStack:
+def _holding(backends: tuple[Queue, ...], tensors: tuple[TensorLike, ...]) -> contextlib.ExitStack:
     """The locks of `backends`, then of the tensors' contexts, each group sorted (the order
     compute takes them in): a context or buffer closing in another thread waits until ggml
     is done with the bytes, and two copies in opposite directions cannot deadlock."""
     stack = contextlib.ExitStack()
     for b in sorted({id(b): b for b in backends}.values(), key=id):
-        stack.enter_context(b._lock)
+        stack.enter_context(b.lock)
     for c in sorted({id(t.ctx): t.ctx for t in tensors}.values(), key=id):
-        stack.enter_context(c._lock)
+        stack.enter_context(c.lock)
     return stack
 
 
@@ -42,7 +39,7 @@ def _offset(offset: Any, what: str) -> int:
     return off
 
 
-def _host_array(t: "Tensor", array: Any, offset: Any, *, writable: bool,
+def _host_array(t: TensorLike, array: Any, offset: Any, *, writable: bool,
                 what: str, memory: bool = True) -> tuple[np.ndarray, int]:
     """Check `array` against tensor `t`; return (array, byte offset). (Plain ifs: this runs on
     every transfer, and a message is formatted only when a check fails.) `memory=False`: the
@@ -87,7 +84,7 @@ def _host_array(t: "Tensor", array: Any, offset: Any, *, writable: bool,
     return array, int(offset)
 
 
-def _whole(array: Any, t: "Tensor", offset: Any, writable: bool) -> "TypeGuard[np.ndarray]":
+def _whole(array: Any, t: TensorLike, offset: Any, writable: bool) -> "TypeGuard[np.ndarray]":
     """Whether `array` copies into or out of `t` whole, at offset 0: then every check of
     _host_array is known to pass (the usual case, on the hot path of a loop)."""
     whole = t.whole_transfer()
@@ -103,7 +100,7 @@ def _whole(array: Any, t: "Tensor", offset: Any, writable: bool) -> "TypeGuard[n
 _COPY: Any = lib.ggml_py_copy if HELPERS else None
 
 
-def _same_shape(t: "Tensor", array: Any, offset: Any, flat: bool, what: str) -> None:
+def _same_shape(t: TensorLike, array: Any, offset: Any, flat: bool, what: str) -> None:
     """The shape rule of set/set_async: the array has the tensor's shape (numpy order), or
     the caller says `flat=True` (elements in memory order, raw uint8 bytes, an offset)."""
     if not flat and (type(array) is not np.ndarray or array.shape != t.shape or offset):
@@ -119,10 +116,10 @@ def _same_shape(t: "Tensor", array: Any, offset: Any, flat: bool, what: str) -> 
                                   "memory order")
 
 
-def blocking_set(t: "Tensor", array: Any, offset: Any = 0, flat: bool = False) -> None:
+def blocking_set(t: TensorLike, array: Any, offset: Any = 0, flat: bool = False) -> None:
     _same_shape(t, array, offset, flat, "set")
     if _whole(array, t, offset, writable=False):
-        with t.ctx._lock:
+        with t.ctx.lock:
             buf = ffi.from_buffer("void *", array)
             if _COPY is None or _COPY(t.ptr, buf, array.nbytes, 1) != 0:
                 lib.ggml_backend_tensor_set(t.require_memory("set"), buf, 0, array.nbytes)
@@ -133,17 +130,17 @@ def blocking_set(t: "Tensor", array: Any, offset: Any = 0, flat: bool = False) -
         array, _ = _types.quantize(array.reshape(-1, t.ne[0]), t.type)  # quantize floats on the way in
     array, offset = _host_array(t, array, offset, writable=False, what="set", memory=False)
     if array.nbytes:
-        with t.ctx._lock:
+        with t.ctx.lock:
             lib.ggml_backend_tensor_set(t.require_memory("set"), ffi.from_buffer("void *", array),
                                         offset, array.nbytes)
             wrote(t)
 
 
-def blocking_get(t: "Tensor", out: Any, offset: Any = 0, raw: bool = False) -> np.ndarray:
+def blocking_get(t: TensorLike, out: Any, offset: Any = 0, raw: bool = False) -> np.ndarray:
     if _whole(out, t, offset, writable=True):
         if not raw:
             require_written(t, "get")
-        with t.ctx._lock:
+        with t.ctx.lock:
             buf = ffi.from_buffer("void *", out, require_writable=True)
             if _COPY is None or _COPY(t.ptr, buf, out.nbytes, 0) != 0:
                 lib.ggml_backend_tensor_get(t.require_memory("get"), buf, 0, out.nbytes)
@@ -152,7 +149,7 @@ def blocking_get(t: "Tensor", out: Any, offset: Any = 0, raw: bool = False) -> n
     if not raw:
         require_written(t, "get")
     if out.nbytes:
-        with t.ctx._lock:
+        with t.ctx.lock:
             lib.ggml_backend_tensor_get(t.require_memory("get"),
                                         ffi.from_buffer("void *", out, require_writable=True),
                                         offset, out.nbytes)
@@ -163,7 +160,7 @@ def blocking_get(t: "Tensor", out: Any, offset: Any = 0, raw: bool = False) -> n
 class _HostView:
     """Exposes a host tensor's memory to numpy while keeping the tensor's context alive."""
 
-    def __init__(self, t: "Tensor", writable: bool) -> None:
+    def __init__(self, t: TensorLike, writable: bool) -> None:
         self.keep = t.ctx.export()   # the memory outlives an explicit ctx.close()
         self.__array_interface__ = {
             "shape": t.shape, "typestr": t.type.numpy_dtype.str if t.type.numpy_dtype else "|u1",
@@ -173,7 +170,7 @@ class _HostView:
         }
 
 
-def to_numpy(t: "Tensor", copy: bool | None, raw: bool = False) -> np.ndarray:
+def to_numpy(t: TensorLike, copy: bool | None, raw: bool = False) -> np.ndarray:
     t.require_memory("numpy()")
     if t.dtype is not None and t.is_host and copy is not True:
         if not raw:
@@ -193,7 +190,7 @@ def to_numpy(t: "Tensor", copy: bool | None, raw: bool = False) -> np.ndarray:
     return _types.from_float_bytes(t.type, data, t.size).reshape(t.shape)
 
 
-def _same_device(t: "Tensor", backend: "Backend", role: str, *, strict: bool = False) -> None:
+def _same_device(t: TensorLike, backend: Queue, role: str, *, strict: bool = False) -> None:
     """Refuse a tensor whose buffer belongs to another device than `backend`'s.
 
     Host buffers pass for copies (every backend's copy path can read them); async set/get
@@ -211,7 +208,7 @@ def _same_device(t: "Tensor", backend: "Backend", role: str, *, strict: bool = F
                           f"backend {backend.name}")
 
 
-def set_async(backend: "Backend", t: "Tensor", array: Any, offset: Any = 0,
+def set_async(backend: Queue, t: TensorLike, array: Any, offset: Any = 0,
               flat: bool = False) -> None:
     _same_shape(t, array, offset, flat, "set_async")
     with _holding((backend,), (t,)):     # (checks too: a buffer may close meanwhile)
@@ -226,7 +223,7 @@ def set_async(backend: "Backend", t: "Tensor", array: Any, offset: Any = 0,
             wrote(t)
 
 
-def get_async(backend: "Backend", t: "Tensor", out: Any, offset: Any = 0) -> np.ndarray:
+def get_async(backend: Queue, t: TensorLike, out: Any, offset: Any = 0) -> np.ndarray:
     with _holding((backend,), (t,)):     # (checks too: a buffer may close meanwhile)
         out, offset = _host_array(t, out, offset, writable=True, what="get_async")
         require_written(t, "get_async")
@@ -242,7 +239,7 @@ def get_async(backend: "Backend", t: "Tensor", out: Any, offset: Any = 0) -> np.
     return result
 
 
-def copy_async(src: "Tensor", dst: "Tensor", src_backend: "Backend", dst_backend: "Backend") -> None:
+def copy_async(src: TensorLike, dst: TensorLike, src_backend: Queue, dst_backend: Queue) -> None:
     """Copy tensor `src` (on `src_backend`'s device) into `dst` (on `dst_backend`'s device)
     with ``ggml_backend_tensor_copy_async``.
 
@@ -264,7 +261,7 @@ def copy_async(src: "Tensor", dst: "Tensor", src_backend: "Backend", dst_backend
     _tensor(src, "copy_async", "src")
     _tensor(dst, "copy_async", "dst")
     for be, role in ((src_backend, "src_backend"), (dst_backend, "dst_backend")):
-        require(hasattr(be, "keep_until_synchronized"),
+        require(isinstance(be, Queue),
                 f"copy_async: {role} must be a Backend, not {type(be).__name__}", InvalidType)
     with _holding((src_backend, dst_backend), (src, dst)):   # (a buffer may close meanwhile)
         ps = src.require_memory("copy_async source")
@@ -273,7 +270,7 @@ def copy_async(src: "Tensor", dst: "Tensor", src_backend: "Backend", dst_backend
                 f"copy_async: types differ ({src.type.name} -> {dst.type.name})", InvalidType)
         require(src.ne == dst.ne, f"copy_async: shapes differ ({src.shape} -> {dst.shape})")
         require(src.nb == dst.nb, "copy_async: layouts differ (strides); copy contiguous tensors")
-        require(src._p != dst._p, "copy_async: source and destination are the same tensor")
+        require(ps != pd, "copy_async: source and destination are the same tensor")
         _same_device(src, src_backend, "the source")
         _same_device(dst, dst_backend, "the destination")
         src_backend.ensure_alive()
@@ -285,11 +282,11 @@ def copy_async(src: "Tensor", dst: "Tensor", src_backend: "Backend", dst_backend
 
 
 def _tensor(t: Any, what: str, role: str) -> None:
-    require(hasattr(t, "require_memory"), f"{what}: {role} must be a Tensor, not "
+    require(isinstance(t, TensorLike), f"{what}: {role} must be a Tensor, not "
                                           f"{type(t).__name__}", InvalidType)
 
 
-def copy(src: "Tensor", dst: "Tensor") -> None:
+def copy(src: TensorLike, dst: TensorLike) -> None:
     """Blocking copy between tensors on any devices (``ggml_backend_tensor_copy``)."""
     _tensor(src, "copy", "src")
     _tensor(dst, "copy", "dst")
@@ -298,6 +295,6 @@ def copy(src: "Tensor", dst: "Tensor") -> None:
         require(src.type == dst.type and src.ne == dst.ne and src.nb == dst.nb,
                 f"copy: tensors differ in type or layout ({src.type.name}{src.shape} -> "
                 f"{dst.type.name}{dst.shape})")
-        require(src._p != dst._p, "copy: source and destination are the same tensor")
+        require(ps != pd, "copy: source and destination are the same tensor")
         lib.ggml_backend_tensor_copy(ps, pd)
         wrote(dst)

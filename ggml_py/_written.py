@@ -16,13 +16,11 @@ of its tensors (:class:`Books`, ``Context.books``):
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._interfaces import TensorLike
 from ._loader import ffi, lib
 from .errors import UnwrittenError
-
-if TYPE_CHECKING:
-    from ._tensor_base import TensorBase
 
 
 class Books:
@@ -37,7 +35,7 @@ class Books:
         self.nodes: set[int] = set()
 
 
-def wrote(t: "TensorBase") -> None:
+def wrote(t: TensorLike) -> None:
     """Record that `t`'s memory now holds values (after a set, a copy, a load)."""
     p = t._p
     t.ctx.books.wrote[p] = p.data
@@ -87,7 +85,7 @@ def _holds(ctx: Any, p: Any) -> bool:
     return bool(_CLEARED) and bool(p.buffer) and _key(p.buffer) in _CLEARED
 
 
-def require_written(t: "TensorBase", what: str) -> None:
+def require_written(t: TensorLike, what: str) -> None:
     """UnwrittenError unless something wrote `t` (or the tensor it views) since its memory
     was placed."""
     p = t._p

@@ -27,10 +27,10 @@ import cffi
 import numpy as np
 
 from . import _written
+from ._context import Context
 from ._device import device as find_device
 
 if TYPE_CHECKING:
-    from ._context import Context
     from ._tensor import Tensor
 from ._loader import ffi, lib
 from .errors import InvalidArgument, InvalidType, UnsupportedError, check_status, require
@@ -193,7 +193,7 @@ def from_dlpack(obj: Any, ctx: "Context", name: str | None = None) -> "Tensor":
     if not hasattr(obj, "__dlpack__"):
         raise InvalidType(f"from_dlpack: expected a DLPack producer (numpy, torch, jax...), "
                           f"not {type(obj).__name__}")
-    if not hasattr(ctx, "adopt"):
+    if not isinstance(ctx, Context):
         raise InvalidType(f"from_dlpack: ctx must be a gg.Context, not {type(ctx).__name__}")
     dev_type = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else KDL_CPU
     if int(dev_type) != KDL_CPU:

@@ -57,18 +57,6 @@ class GGMLWarning(RuntimeWarning):
     """Problems met in finalizers, where raising is not an option."""
 
 
-# the loaded bindings, given by _loader once it has loaded them (this module is the bottom
-# of the package: it imports nothing of it)
-_ffi: Any = None
-_lib: Any = None
-
-
-def bind(ffi: Any, lib: Any) -> None:
-    """Called by _loader with the build's bindings."""
-    global _ffi, _lib
-    _ffi, _lib = ffi, lib
-
-
 def check_status(status: Any, what: str) -> None:
     """Raise for an ``enum ggml_status`` other than ``GGML_STATUS_SUCCESS``, with ggml's own
     words (``ggml_status_to_string``): :class:`OutOfMemory` for
@@ -76,15 +64,18 @@ def check_status(status: Any, what: str) -> None:
     s = int(status)
     if s == 0:
         return
-    text = _ffi.string(_lib.ggml_status_to_string(s)).decode(errors="replace")
-    exc = OutOfMemory if s == int(_lib.GGML_STATUS_ALLOC_FAILED) else GGMLError
+    # (this module is the bottom of the package; a failed status comes from a call through
+    # the loaded bindings, so the loader has run by now)
+    from ._loader import ffi, lib
+    text = ffi.string(lib.ggml_status_to_string(s)).decode(errors="replace")
+    exc = OutOfMemory if s == int(lib.GGML_STATUS_ALLOC_FAILED) else GGMLError
     raise exc(f"{what} failed: {text} (ggml status {s})")
 
 
 def check_ptr(ptr: Any, what: str, exc: type[GGMLError] = GGMLError) -> Any:
     """Return `ptr`, or raise `exc` saying `what` when ggml returned NULL for it (pass
     :class:`OutOfMemory` where NULL means an allocation failed)."""
-    if ptr is None or ptr == _ffi.NULL:
+    if ptr is None or not ptr:              # (a cffi pointer is false when NULL)
         raise exc(f"{what} (ggml returned NULL)")
     return ptr
 

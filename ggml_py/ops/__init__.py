@@ -36,15 +36,6 @@ __all__ = [
 ]
 
 
-def bind(cls: type) -> None:
-    """Name `cls` (Tensor, once its class exists: it defines its operators with these ops) as
-    the class of the results the checked ops make in one call (helpers.c); operands of any
-    other class, a subclass included, take each op's Python path."""
-    from . import elementwise, linalg, nn, shape
-    for m in (elementwise, linalg, nn, shape):
-        setattr(m, "_TENSOR", cls)
-
-
 _ = (abs, cos, elu, exp, gelu, gelu_quick, hardsigmoid, hardswish, log, neg, relu, sgn, sigmoid,
      silu, sin, sqr, sqrt, step, tanh)
 

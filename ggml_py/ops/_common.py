@@ -11,15 +11,30 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol, TypeVar
 
 from .._loader import HELPERS, lib
 from .._types import TYPES
 from .._tensor_base import MAX_DIMS, TensorBase, float_of, index_of
 from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
 
-if TYPE_CHECKING:
-    from .._tensor import Tensor
+#: the class of an op's operands and result, in annotations: ``ggml_py.Tensor`` in every use,
+#: named here as a TypeVar bound to TensorBase so that this layer names no class above it (the
+#: checked ops build their result as the operand's class; the other paths build it in the
+#: owner's context, ``Context.build``, which makes Tensors)
+Tensor = TypeVar("Tensor", bound=TensorBase)
+
+
+class UnaryOp(Protocol):
+    """The type of the unary ops made by a factory (``gg.relu``...)."""
+
+    def __call__(self, a: Tensor, /) -> Tensor: ...
+
+
+class BinaryOp(Protocol):
+    """The type of the binary ops made by a factory (``gg.add``...)."""
+
+    def __call__(self, a: Tensor, b: Tensor, /) -> Tensor: ...
 
 FLOAT = ("f32", "f16", "bf16")
 FLOAT_TYPES = frozenset(TYPES[n] for n in FLOAT if n in TYPES)     # the same, as GGMLTypes
@@ -81,9 +96,10 @@ def cpu_mask(rule: str) -> int:
 #: NULL before ggml is called otherwise (also once the context closed or its chunk is full).
 #: An op calls its helper itself, with its first operand's context's handle
 #: (``Context.checked_state``: the helper builds in that context, under its mutex), only when
-#: every tensor operand is an exact Tensor of that context, and wraps a result as a Tensor of
-#: that same context (``cls(p, ctx, ndim)``, next to the call): the one construction path of a
-#: checked op. On NULL the op's Python path runs and decides (it raises ClosedError, opens a
+#: every tensor operand is of that context and of one class deriving from TensorBase directly
+#: (Tensor; a subclass of it takes the Python path), and wraps a result as that class in that
+#: same context (``cls(p, ctx, ndim)``, next to the call): the one construction path of a
+#: checked op, which names no class above this layer. On NULL the op's Python path runs and decides (it raises ClosedError, opens a
 #: chunk, or words the refusal). None for ABI-mode bindings or with GGML_PY_NO_CHECKED=1 set,
 #: and every op then takes its Python path (tests/test_checked.py runs the same generated
 #: calls both ways)
@@ -102,12 +118,12 @@ def rule(mask: int) -> int:
         return int(CHECKED_OPS.ggml_py_rule(mask))
 
 
-def tensor(x: Any, op: str, what: str = "a") -> Tensor:
+def tensor(x: Tensor, op: str, what: str = "a") -> Tensor:
     """`x` as an open Tensor operand of `op`, else InvalidType/ClosedError."""
     if not isinstance(x, TensorBase):
         raise InvalidType(f"{op}: {what} must be a Tensor, not {type(x).__name__}")
     x.ptr  # closed context -> ClosedError
-    return x  # type: ignore[return-value]
+    return x
 
 
 def floats(op: str, *ts: TensorBase) -> None:
@@ -202,19 +218,20 @@ def need(fn_name: str, op: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
-def build(owner: TensorBase, fn: Callable[..., Any], *args: Any, ndim: int | None = None,
+def build(owner: Tensor, fn: Callable[..., Any], *args: Any, ndim: int | None = None,
           uses: Iterable[TensorBase] = (), room: int = 4, view: bool = False,
           like: TensorBase | None = None) -> Tensor:
     """The result of ``fn(ctx_raw, *args)`` built in `owner`'s context and kept by it (`view`:
     the op may return a view of allocated memory; `like`: the result has that operand's shape
     and type)."""
     ctx = owner.ctx
-    return ctx.build(fn, args, owner.ndim if ndim is None else ndim, uses, room, view=view,
-                     like=like)
+    result: Tensor = ctx.build(fn, args, owner.ndim if ndim is None else ndim, uses, room,
+                               view=view, like=like)
+    return result
 
 
 __all__ = ["FLOAT", "FLOAT_TYPES", "CPU_TYPES", "CPU_TYPES_SINCE", "RELEASE", "MAX_DIMS", "tensor", "floats",
            "cpu_type", "rows", "blas_rows", "blas_rows_ok", "contiguous",
 
            "can_repeat", "prod", "need", "build", "float_of", "index_of", "type_mask",
-           "cpu_mask", "CHECKED_OPS", "FLOAT_MASK", "rule"]
+           "cpu_mask", "CHECKED_OPS", "FLOAT_MASK", "rule", "Tensor", "UnaryOp", "BinaryOp"]

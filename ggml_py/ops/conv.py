@@ -3,17 +3,15 @@ ggml_pool_2d's rules (positive strides and dilations, non-negative padding, an o
 least one element, matching channels)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .. import _types
 from .._loader import lib
 from ..errors import InvalidType, require
-from ._common import RELEASE, build, cpu_type, floats, index_of, rows, tensor
+from ._common import Tensor, RELEASE, build, cpu_type, floats, index_of, rows, tensor
 
-if TYPE_CHECKING:
-    from .._tensor import Tensor
 
 
 def _conv_size(n: int, k: int, s: int, p: int, d: int) -> int:

@@ -7,21 +7,18 @@ the unary kernels need packed rows.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from .._loader import ffi, lib
 from .._tensor_base import TensorBase
 from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
-from ._common import (CHECKED_OPS, CPU_TYPES, FLOAT_MASK, FLOAT_TYPES, cpu_mask, MAX_DIMS, build,
-                      can_repeat, contiguous, cpu_type, float_of, floats, need, rows, rule,
-                      scalable, tensor)
+from ._common import (BinaryOp, Tensor, UnaryOp, CHECKED_OPS, CPU_TYPES, FLOAT_MASK, FLOAT_TYPES,
+                      cpu_mask, MAX_DIMS, build, can_repeat, contiguous, cpu_type, float_of,
+                      floats, need, rows, rule, scalable, tensor)
 from .shape import cont, repeat
 
-if TYPE_CHECKING:
-    from .._context import Context
-    from .._tensor import Tensor
 
 
 def _packed(t: Tensor) -> Tensor:
@@ -56,10 +53,9 @@ _C_BINARY: Any = CHECKED_OPS.ggml_py_binary if CHECKED_OPS is not None else None
 _C_UNARY: Any = CHECKED_OPS.ggml_py_unary if CHECKED_OPS is not None else None
 if CHECKED_OPS is not None:
     CHECKED_OPS.ggml_py_binary_types(FLOAT_MASK)      # (the rule's types, given to C once)
-_TENSOR: Any = None      # Tensor, the class of the checked ops' results (named by ops.bind)
 
 
-def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = False) -> Tensor:
+def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = False) -> TensorBase:
     """ggml's binary op `fn` (ggml_add...) on `a` and `b`: the one place of the rule of
     gg.add/sub/mul/div and of the operators ``+ - * /`` (`numpy`: numpy's broadcasting made
     explicit first, a strided `a` copied).
@@ -96,9 +92,10 @@ def binary(fn: Callable[..., Any], a: Any, b: Any, name: str, numpy: bool = Fals
         raise InvalidType(f"{name}: mixed types {ta.name} and {tb.name}")
     if nb_a[0] != ta._size and ta._block == 1:          # a's rows must be packed
         rows(name, ("a", a))
-    ctx: Context = a.ctx
-    return ctx.build(fn, (a._p, b._p), nd_a if nd_a >= nd_b else nd_b,
-                     () if b.ctx is ctx else (b,), 1, like=a)
+    ctx = a.ctx
+    result: TensorBase = ctx.build(fn, (a._p, b._p), nd_a if nd_a >= nd_b else nd_b,
+                                   () if b.ctx is ctx else (b,), 1, like=a)
+    return result
 
 
 def binary_op(name: str, numpy: bool, doc: str = "",
@@ -114,8 +111,8 @@ def binary_op(name: str, numpy: bool, doc: str = "",
     np_flag = 1 if numpy else 0
 
     def op(a: Any, b: Any) -> Any:
-        cls = _TENSOR
-        if type(b) is cls and type(a) is cls and fast is not None:
+        cls = a.__class__
+        if b.__class__ is cls and cls.__base__ is TensorBase and fast is not None:
             ctx = a.ctx
             if b.ctx is ctx:
                 # the helper with the context's handle: NULL when refused, closed or full
@@ -131,13 +128,13 @@ def binary_op(name: str, numpy: bool, doc: str = "",
     return op
 
 
-add: Callable[[Tensor, Tensor], Tensor] = binary_op(
+add: BinaryOp = binary_op(
     "add", False, "ggml_add: a + b, with b repeated (tiled) into a's shape.")
-sub: Callable[[Tensor, Tensor], Tensor] = binary_op(
+sub: BinaryOp = binary_op(
     "sub", False, "ggml_sub: a - b, with b repeated into a's shape.")
-mul: Callable[[Tensor, Tensor], Tensor] = binary_op(
+mul: BinaryOp = binary_op(
     "mul", False, "ggml_mul: a * b elementwise, with b repeated into a's shape.")
-div: Callable[[Tensor, Tensor], Tensor] = binary_op(
+div: BinaryOp = binary_op(
     "div", False, "ggml_div: a / b elementwise, with b repeated into a's shape.")
 
 
@@ -173,15 +170,15 @@ def fill(a: Tensor, value: float) -> Tensor:
     return build(a, need("ggml_fill", "fill"), a.ptr, v)
 
 
-def _unary(fn_name: str, name: str) -> Callable[[Tensor], Tensor]:
+def _unary(fn_name: str, name: str) -> UnaryOp:
     fn = getattr(lib, fn_name, None)
     # the rule below as helpers.c checks it: the float types the kernels compute
     fast = ffi.addressof(lib, fn_name) if CHECKED_OPS is not None and fn is not None else None
     types = rule(cpu_mask(name) if name in CPU_TYPES else FLOAT_MASK)
 
     def op(a: Tensor) -> Tensor:
-        cls = _TENSOR
-        if a.__class__ is cls and fast is not None:
+        cls = a.__class__
+        if cls.__base__ is TensorBase and fast is not None:
             ctx = a.ctx
             p = _C_UNARY(ctx.checked_state, fast, a._p, types)      # the rule below, in C
             if p:

@@ -2,14 +2,12 @@
 range-checked when a graph computes (ggml asserts on a bad index; an RPC server dies of it)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._loader import ffi, lib
 from ..errors import InvalidArgument, InvalidType, require
-from ._common import FLOAT, build, cpu_type, rows, tensor
+from ._common import Tensor, FLOAT, build, cpu_type, rows, tensor
 
-if TYPE_CHECKING:
-    from .._tensor import Tensor
 
 
 def _op(name: str) -> int:

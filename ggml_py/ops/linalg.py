@@ -6,31 +6,29 @@ has dot products only for float and quantized weights.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from .._tensor_base import TensorBase
 from .._loader import lib
 from ..errors import InvalidArgument, InvalidType, require
 from .._types import TYPES
-from ._common import (CHECKED_OPS, FLOAT, FLOAT_MASK, blas_rows, blas_rows_ok, build, cpu_type, prod,
-                      rows, rule, tensor, type_mask)
+from ._common import (Tensor, CHECKED_OPS, FLOAT, FLOAT_MASK, blas_rows, blas_rows_ok, build,
+                      cpu_type, prod, rows, rule, tensor, type_mask)
 from .shape import cont, repeat, reshape, transpose
 
-if TYPE_CHECKING:
-    from .._tensor import Tensor
 
 # mul_mat's `a`: float or quantized (the CPU has dot products for those only)
 _MM_A = rule(type_mask(n for n, t in TYPES.items() if n in FLOAT or t.block_size > 1))
 _MM_B = rule(FLOAT_MASK)
 _C_MUL_MAT: Any = CHECKED_OPS.ggml_py_mul_mat if CHECKED_OPS is not None else None
-_TENSOR: Any = None      # Tensor, the class of the checked ops' results (named by ops.bind)
 
 
 def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     """ggml_mul_mat: result ne = [a.ne1, b.ne1, b.ne2, b.ne3] (numpy: b @ a.T), f32."""
-    cls = _TENSOR
-    if a.__class__ is cls and b.__class__ is cls and _C_MUL_MAT is not None:
+    cls = a.__class__
+    if cls.__base__ is TensorBase and b.__class__ is cls and _C_MUL_MAT is not None:
         ctx = a.ctx
         if b.ctx is ctx:                # the rule below in one C call (helpers.c)
             p = _C_MUL_MAT(ctx.checked_state, a._p, b._p, _MM_A, _MM_B)

@@ -4,15 +4,14 @@ contiguous softmax input and mask, rope modes and dimensions, attention head and
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .._tensor_base import TensorBase
 from .._loader import BUILD, ffi, lib
 from ..errors import InvalidType, require
-from ._common import (CHECKED_OPS, build, contiguous, cpu_mask, cpu_type, float_of, floats, index_of,
-                      rows, rule, tensor)
+from ._common import (Tensor, CHECKED_OPS, build, contiguous, cpu_mask, cpu_type, float_of, floats,
+                      index_of, rows, rule, tensor)
 
-if TYPE_CHECKING:
-    from .._tensor import Tensor
 
 # the types each kernel computes, for helpers.c's checked ops
 _NORM, _RMS_NORM, _SOFT_MAX, _ROPE = (rule(cpu_mask(r)) for r in ("norm", "rms_norm",
@@ -20,7 +19,6 @@ _NORM, _RMS_NORM, _SOFT_MAX, _ROPE = (rule(cpu_mask(r)) for r in ("norm", "rms_n
 _C_NORM: Any = CHECKED_OPS.ggml_py_norm if CHECKED_OPS is not None else None
 _C_SOFT_MAX: Any = CHECKED_OPS.ggml_py_soft_max if CHECKED_OPS is not None else None
 _C_ROPE: Any = CHECKED_OPS.ggml_py_rope if CHECKED_OPS is not None else None
-_TENSOR: Any = None      # Tensor, the class of the checked ops' results (named by ops.bind)
 
 
 def _eps(eps: Any, op: str) -> float:
@@ -32,8 +30,8 @@ def _eps(eps: Any, op: str) -> float:
 def soft_max(a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
              max_bias: float = 0.0) -> Tensor:
     """softmax over rows of `a` (the last numpy axis), with an optional additive mask."""
-    cls = _TENSOR
-    if (a.__class__ is cls and _C_SOFT_MAX is not None and scale.__class__ is float
+    cls = a.__class__
+    if (cls.__base__ is TensorBase and _C_SOFT_MAX is not None and scale.__class__ is float
             and max_bias.__class__ is float):
         ctx = a.ctx
         if mask is None or (mask.__class__ is cls and mask.ctx is ctx):     # the rule, in C
@@ -65,8 +63,8 @@ def soft_max(a: Tensor, mask: Tensor | None = None, scale: float = 1.0,
 
 def norm(a: Tensor, eps: float = 1e-5) -> Tensor:
     """Normalise each row to mean 0, variance 1 (ggml_norm); eps >= 0."""
-    cls = _TENSOR
-    if a.__class__ is cls and _C_NORM is not None and eps.__class__ is float:
+    cls = a.__class__
+    if cls.__base__ is TensorBase and _C_NORM is not None and eps.__class__ is float:
         ctx = a.ctx
         p = _C_NORM(ctx.checked_state, a._p, eps, _NORM, 0)      # the rule below, in C
         if p:
@@ -80,8 +78,8 @@ def norm(a: Tensor, eps: float = 1e-5) -> Tensor:
 
 def rms_norm(a: Tensor, eps: float = 1e-6) -> Tensor:
     """Divide each row by its root mean square (ggml_rms_norm); eps >= 0."""
-    cls = _TENSOR
-    if a.__class__ is cls and _C_NORM is not None and eps.__class__ is float:
+    cls = a.__class__
+    if cls.__base__ is TensorBase and _C_NORM is not None and eps.__class__ is float:
         ctx = a.ctx
         p = _C_NORM(ctx.checked_state, a._p, eps, _RMS_NORM, 1)  # the rule below, in C
         if p:
@@ -120,8 +118,8 @@ def rope_ext(a: Tensor, pos: Tensor, n_dims: int | None = None, mode: int = ROPE
     """Rotary position embedding (ggml_rope_ext). `a` is (batch, tokens, heads, head_dim) in
     numpy order; `pos` holds one i32 position per token. The first `n_dims` (default: all) of
     head_dim rotate: adjacent pairs (``gg.ROPE_NORMAL``) or halves (``gg.ROPE_NEOX``)."""
-    cls = _TENSOR
-    if (a.__class__ is cls and pos.__class__ is cls and _C_ROPE is not None
+    cls = a.__class__
+    if (cls.__base__ is TensorBase and pos.__class__ is cls and _C_ROPE is not None
             and freq_factors is None and pos.ctx is a.ctx
             and (n_dims is None or n_dims.__class__ is int) and mode.__class__ is int
             and n_ctx_orig.__class__ is int and freq_base.__class__ is float

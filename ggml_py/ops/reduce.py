@@ -3,15 +3,12 @@ argsort, top_k. Their CPU kernels read each row as packed floats without asserti
 (ggml-cpu/ops.cpp, 0.25.3), so a transposed view would give wrong numbers: refused here."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from .. import _features
 from .._loader import lib
 from ..errors import InvalidType, require
-from ._common import build, contiguous, cpu_type, index_of, need, rows, tensor
+from ._common import Tensor, build, contiguous, cpu_type, index_of, need, rows, tensor
 
-if TYPE_CHECKING:
-    from .._tensor import Tensor
 
 
 def sum(a: Tensor) -> Tensor:

@@ -4,17 +4,15 @@ tiling (repeat, concat, pad). Views share memory; a view of allocated memory is 
 from __future__ import annotations
 
 import builtins
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._loader import lib
-from .._tensor_base import shape_of
+from .._tensor_base import TensorBase, shape_of
 from .._types import GGMLType
 from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
-from ._common import (CHECKED_OPS, FLOAT, MAX_DIMS, build, contiguous, cpu_mask, cpu_type, index_of,
-                      need, prod, rows, rule, tensor)
+from ._common import (Tensor, CHECKED_OPS, FLOAT, MAX_DIMS, build, contiguous, cpu_mask, cpu_type,
+                      index_of, need, prod, rows, rule, tensor)
 
-if TYPE_CHECKING:
-    from .._tensor import Tensor
 
 #: (ndim, numpy axes) -> ggml's permutation, for each valid permutation met (axes of ints)
 _PERMS: dict[tuple[int, tuple[int, ...]], tuple[int, ...]] = {}
@@ -22,7 +20,6 @@ _STRIDED = rule(cpu_mask("strided copy"))      # the types cont gathers from a v
 _C_RESHAPE: Any = CHECKED_OPS.ggml_py_reshape if CHECKED_OPS is not None else None
 _C_PERMUTE: Any = CHECKED_OPS.ggml_py_permute if CHECKED_OPS is not None else None
 _C_CONT: Any = CHECKED_OPS.ggml_py_cont if CHECKED_OPS is not None else None
-_TENSOR: Any = None      # Tensor, the class of the checked ops' results (named by ops.bind)
 
 
 def _plain_ne(shape: tuple[Any, ...]) -> tuple[int, int, int, int] | None:
@@ -49,8 +46,8 @@ def _plain_ne(shape: tuple[Any, ...]) -> tuple[int, int, int, int] | None:
 def reshape(a: Tensor, shape: Any) -> Tensor:
     """A view of contiguous `a` with another numpy-order shape (same element count; one axis
     may be -1)."""
-    cls = _TENSOR
-    if a.__class__ is cls and shape.__class__ is tuple and _C_RESHAPE is not None:
+    cls = a.__class__
+    if cls.__base__ is TensorBase and shape.__class__ is tuple and _C_RESHAPE is not None:
         plain = _plain_ne(shape)
         if plain is not None:           # the rule below in one C call (helpers.c)
             ctx = a.ctx
@@ -114,8 +111,8 @@ def view(a: Tensor, shape: Any, offset: int = 0, strides: Any = None) -> Tensor:
 
 def permute(a: Tensor, axes: Any) -> Tensor:
     """numpy's ``np.transpose(a, axes)`` as a view."""
-    cls = _TENSOR
-    if a.__class__ is cls and _C_PERMUTE is not None:
+    cls = a.__class__
+    if cls.__base__ is TensorBase and _C_PERMUTE is not None:
         nd = a._ndim
         if axes.__class__ is tuple:
             for x in axes:
@@ -160,8 +157,8 @@ def transpose(a: Tensor) -> Tensor:
 
 def cont(a: Tensor) -> Tensor:
     """A contiguous copy of `a` (any layout)."""
-    cls = _TENSOR
-    if a.__class__ is cls and _C_CONT is not None:         # the rule below in C
+    cls = a.__class__
+    if cls.__base__ is TensorBase and _C_CONT is not None:         # the rule below in C
         ctx = a.ctx
         p = _C_CONT(ctx.checked_state, a._p, _STRIDED)
         if p:

@@ -315,3 +315,41 @@ def test_a_refused_checked_op_takes_no_room_and_builds_nothing():
         assert len(ctx.spans()) == 1    # no chunk was opened for refusals
         t = a + a                       # and the common case is built
         assert t.shape == (3, 4) and t.op == "ADD"
+
+
+def test_checked_ops_build_results_of_the_operands_class(monkeypatch):
+    """The checked ops run for operands of the class deriving from TensorBase directly (Tensor)
+    and build their result as that class; operands of a subclass take each op's Python path,
+    whose results are Tensors of the context. No module names that class to the ops."""
+    from ggml_py.ops import elementwise, linalg, nn, shape
+    calls = []
+
+    def counting(helper):
+        def counted(*args):
+            calls.append(helper)
+            return helper(*args)
+        return counted
+
+    for mod in (elementwise, linalg, nn, shape):
+        for name, helper in list(vars(mod).items()):
+            if name.startswith("_C_") and helper is not None:
+                monkeypatch.setattr(mod, name, counting(helper))
+
+    class Sub(gg.Tensor):
+        __slots__ = ()
+
+    ops = {"add": lambda x: gg.add(x, x), "+": lambda x: x + x, "relu": gg.relu,
+           "cont": gg.cont, "mul_mat": lambda x: gg.mul_mat(x, x), "norm": gg.norm,
+           "soft_max": gg.soft_max, "reshape": lambda x: gg.reshape(x, (16,)),
+           "permute": lambda x: gg.permute(x, (1, 0))}
+    with gg.Context() as ctx:
+        a = ctx.tensor(gg.f32, (4, 4))
+        s = Sub(a.ptr, ctx, 2)
+        for name, op in ops.items():
+            op(a)                       # (permute takes its checked path once it met a perm)
+            calls.clear()
+            r = op(a)
+            assert type(r) is gg.Tensor and len(calls) == 1, name
+            calls.clear()
+            r = op(s)
+            assert type(r) is gg.Tensor and calls == [], name

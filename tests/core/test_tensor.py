@@ -178,36 +178,6 @@ def test_package_face_is_tidy():
     assert isinstance(gg.devices(), list) and hasattr(gg.devices(), "_repr_html_")
 
 
-def test_imports_run_one_way():
-    """No module of the package imports (even inside a function) a module above it."""
-    import ast
-    import pathlib
-    order = ["errors", "_loader", "_handle", "_rpc_liveness", "_types", "_buffer", "_transfer",
-             "_backend", "_event", "_device", "_tensor_base", "ops", "_tensor", "_context",
-             "dlpack", "_graph", "_scheduler", "rpc"]
-    root = pathlib.Path(gg.__file__).parent
-    rank = {m: i for i, m in enumerate(order)}
-    for name in order:
-        files = sorted((root / name).glob("*.py")) if (root / name).is_dir() else [root / f"{name}.py"]
-        for f in files:
-            tree = ast.parse(f.read_text())
-            typing_only = {id(n) for top in tree.body if isinstance(top, ast.If)
-                           and getattr(top.test, "id", "") == "TYPE_CHECKING"
-                           for n in ast.walk(top)}
-            for node in ast.walk(tree):
-                if id(node) in typing_only:
-                    continue                          # annotations only, never imported
-                if isinstance(node, ast.ImportFrom) and node.level:
-                    parts = (node.module or "").split(".")
-                    target = parts[0]
-                    if name == "ops" and node.level == 1:
-                        continue                      # within the ops package
-                    if target in ("_display",):
-                        continue                      # lazily, for Jupyter pictures
-                    if target in rank:
-                        assert rank[target] <= rank[name], f"{f.name} imports {target}"
-
-
 def test_zero_copy_exports_outlive_an_explicit_close(be):
     """numpy(copy=False) views and DLPack exports keep the memory they show: closing the
     context hands the memory to them instead of freeing it under them."""
