@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parent.parent / "ggml_py"
+PKG = Path(__file__).resolve().parents[2] / "ggml_py"
 
 MODULE, TYPE_CHECKING, FUNCTION = "module", "type-checking", "function"
 
