@@ -27,10 +27,10 @@ import cffi
 import numpy as np
 
 from . import _written
+from ._context import Context
 from ._device import device as find_device
 
 if TYPE_CHECKING:
-    from ._context import Context
     from ._tensor import Tensor
 from ._loader import ffi, lib
 from .errors import InvalidArgument, InvalidType, UnsupportedError, check_status, require
@@ -186,14 +186,14 @@ def capsule(t: "Tensor", max_version: Any = None) -> Any:
     return cap
 
 
-def from_dlpack(obj: Any, ctx: "Context", name: str | None = None) -> "Tensor":
+def from_dlpack(obj: Any, ctx: Context, name: str | None = None) -> "Tensor":
     """A tensor of `ctx` over the memory of `obj` (any DLPack producer: numpy, torch, jax...),
     without a copy. The memory must be host memory, C-contiguous and aligned as the CPU
     device requires; `obj` is kept alive with the context."""
     if not hasattr(obj, "__dlpack__"):
         raise InvalidType(f"from_dlpack: expected a DLPack producer (numpy, torch, jax...), "
                           f"not {type(obj).__name__}")
-    if not hasattr(ctx, "adopt"):
+    if not isinstance(ctx, Context):
         raise InvalidType(f"from_dlpack: ctx must be a gg.Context, not {type(ctx).__name__}")
     dev_type = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else KDL_CPU
     if int(dev_type) != KDL_CPU:
@@ -210,7 +210,7 @@ def from_dlpack(obj: Any, ctx: "Context", name: str | None = None) -> "Tensor":
     t = ctx.tensor(array.dtype, array.shape, name)
     check_status(lib.ggml_backend_tensor_alloc(buf.ptr, t.ptr, ffi.cast("void *", buf.base)),
           "tensor alloc")
-    ctx.adopt(buf)
+    ctx.own(buf)
     _written.wrote(t)                     # the array's values, shared
     return t
 

@@ -161,7 +161,7 @@ MUTATIONS: dict[str, tuple[str, str, str, str, list[str]]] = {
         "ggml_py/_device.py", "BufferType.alloc", "        if n > self.max_size:", "        if False:",
         BAD("buffer over max size")),
     "closed buffer unallocates its tensors": (
-        "ggml_py/_context.py", "Context.alloc", "                buf.on_close(lambda b=b: self._lose(b))\n", "",
+        "ggml_py/_context.py", "Context.alloc", "                buf.on_close(functools.partial(self._lose, b))\n", "",
         ["tests/test_tensor.py", "-k", "closing_a_buffer"]),
     "RPC port rule": (
         "ggml_py/rpc.py", "parse_endpoint", "require(port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536,",
