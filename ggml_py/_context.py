@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -28,29 +28,16 @@ from . import _record_pool, _types, _written
 from ._backend import Backend
 from ._buffer import Buffer
 from ._device import BufferType
-from ._handle import Export, Owned, Placer
+from ._context_records import C_LOCK, C_UNLOCK, Records
+from ._handle import Export, Placer
 from ._rpc_liveness import buffer_device, ensure_alive
-from ._loader import HELPERS, ffi, lib
+from ._loader import ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import MAX_DIMS, MAX_NAME, TensorBase, index_of, shape_of
 from .errors import (ClosedError, GGMLError, InvalidType, OutOfMemory,
-                     check_ptr, check_status, require)
+                     check_status, require)
 
-_OVERHEAD = int(lib.ggml_tensor_overhead())
 _MAX_CAPACITY = 1 << 26
-
-
-def _records_left_py(raw: Any) -> int:
-    """ggml_py_room for bindings without helpers.c."""
-    return (int(lib.ggml_get_mem_size(raw)) - int(lib.ggml_used_mem(raw))) // _OVERHEAD - 1
-
-
-_records_left: Callable[[Any], int] = (lib.ggml_py_room if HELPERS else None) or _records_left_py
-# a Context's state for helpers.c's checked ops: its newest chunk and the mutex they build
-# under (None for bindings without helpers.c)
-_STATE_NEW: Any = lib.ggml_py_ctx_new if HELPERS else None
-_C_LOCK: Any = lib.ggml_py_ctx_lock if HELPERS else None
-_C_UNLOCK: Any = lib.ggml_py_ctx_unlock if HELPERS else None
 
 
 def _init_view(p: Any) -> None:
@@ -62,7 +49,7 @@ def _init_view(p: Any) -> None:
         lib.ggml_backend_view_init(p)
 
 
-class Context(Owned):
+class Context(Records):
     """Metadata for up to `capacity` tensors per chunk; a new chunk is opened when one fills,
     so the capacity grows as needed."""
 
@@ -77,26 +64,7 @@ class Context(Owned):
         capacity = index_of(capacity, "Context: capacity")
         require(0 < capacity <= _MAX_CAPACITY,
                 f"Context: capacity must be in 1..{_MAX_CAPACITY}, got {capacity}")
-        self._capacity = capacity
-        first = self._new_chunk()
-        # every chunk (ggml_context), the first included: a new one opens when the last
-        # fills. Plain handles, freed with this object (never with a Python object of their
-        # own: one that kept this Context as its parent would make a cycle, and a Context of
-        # more than one chunk would wait for the cyclic collector to give its memory back)
-        self._chunks: list[Any] = [first]
-        super().__init__(first, functools.partial(_record_pool.release_all, self._chunks))
-        self._spans = [self._span(first)]
-        self._head = first                 # the newest chunk, where tensors are made
-        # the checked ops' side (helpers.c): the newest chunk, and a mutex held by a checked
-        # op while it builds and by this object wherever it builds in, walks or closes its
-        # chunks (_records), so ggml never sees two threads in one chunk. The handle that
-        # every ggml_py_* checked op takes first (None for bindings without helpers.c):
-        # read it (the ops call their helper with it: ops/_common.CHECKED_OPS), never assign it
-        self.checked_state: Any = None
-        if _STATE_NEW is not None:
-            st = check_ptr(_STATE_NEW(first),
-                           "Context: no memory for its state", OutOfMemory)
-            self.checked_state = ffi.gc(st, lib.ggml_py_ctx_free)
+        super().__init__(capacity)
         self._keep: list[Any] = []         # graphs/allocators/schedulers that placed memory here
         self._buffers: list[Buffer] = []   # buffers made for its tensors
         self._uses: set[Context] = set()   # other contexts its tensors read (strong)
@@ -107,69 +75,6 @@ class Context(Owned):
         # node address -> (scheduler, the node's own sources) (see _tensor_base.own_sources)
         self.rewired: dict[int, tuple[Any, list[Any]]] = {}
         self.books = _written.Books()      # which of its tensors hold written values
-
-    # -- chunks ------------------------------------------------------------------------------
-    def _new_chunk(self) -> Any:
-        raw = _record_pool.new(_OVERHEAD * (self._capacity + 64))
-        if raw == ffi.NULL:
-            raise OutOfMemory(f"Context: ggml_init could not reserve room for {self._capacity} "
-                              "tensors")
-        return raw
-
-    @staticmethod
-    def _span(raw: Any) -> tuple[int, int]:
-        base = int(ffi.cast("uintptr_t", lib.ggml_get_mem_buffer(raw)))
-        return base, base + int(lib.ggml_get_mem_size(raw))
-
-    def _room(self, n: int = 8) -> Any:
-        """The raw chunk with room for `n` more tensors (opening a new chunk when needed).
-        Callers hold the lock. Room is what ggml says is left (``_records_left``), the one
-        count both the Python path and the checked ops read."""
-        self.ptr                                # (ClosedError once closed)
-        if _records_left(self._head) < n:
-            raw = self._new_chunk()
-            self._chunks.append(raw)
-            self._spans.append(self._span(raw))
-            self._head = raw
-            if self.checked_state is not None:         # (the caller holds _records)
-                lib.ggml_py_ctx_set_head(self.checked_state, raw)
-        return self._head
-
-    @contextlib.contextmanager
-    def _records(self) -> Iterator[None]:
-        """This context's lock, and the mutex its checked ops build under: held to build in,
-        walk or change its chunks. Not held while Python code that could reach this context
-        again runs (views' init, buffers, finalizers): the mutex is not re-entrant."""
-        with self._lock:
-            st = self.checked_state
-            if st is None:
-                yield
-                return
-            _C_LOCK(st)
-            try:
-                yield
-            finally:
-                _C_UNLOCK(st)
-
-    def _raws(self) -> list[Any]:
-        self.ptr                                # (ClosedError once closed)
-        return list(self._chunks)
-
-    def n_tensors(self) -> int:
-        """How many tensors (ops, views, inputs) this context holds."""
-        with self._records():
-            # each record takes ggml_tensor_overhead() exactly (every pinned release), and a
-            # Context's chunks hold tensor records only
-            return sum(int(lib.ggml_used_mem(r)) for r in self._raws()) // _OVERHEAD
-
-    def spans(self) -> list[tuple[int, int]]:
-        """The address ranges of this context's tensor records, one per chunk."""
-        return list(self._spans)
-
-    def owns(self, raw_tensor: Any) -> bool:
-        """Whether the raw tensor's metadata lives in this context's memory."""
-        a = int(ffi.cast("uintptr_t", raw_tensor))
-        return any(lo <= a < hi for lo, hi in self._spans)
 
     # -- the one construction path -------------------------------------------------------------
     def build(self, fn: Callable[..., Any], args: Iterable[Any], ndim: int | None,
@@ -192,11 +97,11 @@ class Context(Owned):
                 if st is None:
                     p = fn(self._room(room), *args)
                 else:                           # (_records, inline)
-                    _C_LOCK(st)
+                    C_LOCK(st)
                     try:
                         p = fn(self._room(room), *args)
                     finally:
-                        _C_UNLOCK(st)
+                        C_UNLOCK(st)
                 if view and p:
                     _init_view(p)
             finally:
@@ -401,14 +306,6 @@ class Context(Owned):
                 self._pending.append((t, a))
         return made
 
-    def _chunk_raw_tensors(self, raw: Any) -> list[Any]:
-        out = []
-        p = lib.ggml_get_first_tensor(raw)
-        while p != ffi.NULL:
-            out.append(p)
-            p = lib.ggml_get_next_tensor(raw, p)
-        return out
-
     def buffer_addresses(self) -> set[int]:
         """The raw addresses of the open buffers holding this context's tensors."""
         return {int(ffi.cast("uintptr_t", b._raw)) for b in self._buffers if b._raw is not None}
@@ -445,20 +342,9 @@ class Context(Owned):
     def _devices(self) -> set[Any]:
         return set().union(*(b._devices() for b in self._buffers)) if self._buffers else set()
 
-    # close() frees the memory of the tensors (the buffers, its children) and leaves the
-    # metadata (this context's chunks) to the collection of the Context object: a Tensor, a
-    # Graph or a context that reads these tensors keeps it, so a thread that checked "open"
-    # just before the close, or ggml walking a closed operand's record, reads a record
-    # instead of freed memory (the records then raise ClosedError)
-    _frees_at_close = False
-
     def _teardown(self) -> None:
-        """The first step of close(): checked ops refuse from now on, and schedulers give
-        back the graphs with nodes here before the buffers go."""
-        if self.checked_state is not None:
-            _C_LOCK(self.checked_state)
-            lib.ggml_py_ctx_set_head(self.checked_state, ffi.NULL)
-            _C_UNLOCK(self.checked_state)
+        """A step of close(): schedulers give back the graphs with nodes here before the
+        buffers go."""
         keep, self._keep = self._keep, []
         for k in keep:
             if isinstance(k, Placer):
