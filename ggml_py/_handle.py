@@ -140,30 +140,37 @@ class Owned:
         """Free the handle now. Idempotent; the steps given to :meth:`on_close` run first,
         then the children still open are closed. Waits for a use of the object in another
         thread to finish. Memory that a live zero-copy export reads is left to it."""
-        with contextlib.ExitStack() as locks:
-            if self._close_under_parents:
+        if self._close_under_parents and self._parents:
+            with contextlib.ExitStack() as locks:
                 for p in self._parents:
                     locks.enter_context(p._lock)
-            locks.enter_context(self._lock)
-            if self._raw is None or self._closing:
-                return
-            steps = list(self._steps or ())
-            self._closing = True
-            try:
-                for fn, after in steps:
-                    if not after:
-                        _call(fn)
-                for child in list(self._children):
-                    child.close()
-                changed()
-                self._raw = None
-            finally:
-                self._closing = False
-            if self._frees_at_close:
-                self._free()
-        for fn, after in steps:
-            if after:
-                _call(fn)
+                with self._lock:
+                    after = self._close_locked()
+        else:
+            with self._lock:
+                after = self._close_locked()
+        for fn in after:
+            _call(fn)
+
+    def _close_locked(self) -> list[Any]:
+        """close() under the locks; returns its after_free steps (none when it did not close)."""
+        if self._raw is None or self._closing:
+            return []
+        steps = tuple(self._steps or ())
+        self._closing = True
+        try:
+            for fn, after in steps:
+                if not after:
+                    _call(fn)
+            for child in list(self._children):
+                child.close()
+            changed()
+            self._raw = None
+        finally:
+            self._closing = False
+        if self._frees_at_close:
+            self._free()
+        return [fn for fn, after in steps if after]
 
     def _free(self) -> None:
         """The one place a close frees: now, or, while exports of the memory live, when the

@@ -188,8 +188,8 @@ MUTATIONS: dict[str, tuple[str, str, str, str, list[str]]] = {
         "and freq_factors is None", ["tests/test_lifetime.py", "-k", "keeps_alive"]),
     # lifetimes of the metadata chunks (ggml_py/_record_pool.py)
     "a closed context's or graph's records go back when collected": (
-        "ggml_py/_handle.py", "Owned.close", "            if self._frees_at_close:\n",
-        "            if True:\n", ["tests/test_record_pool.py", "-k", "closed_graph or retried"]),
+        "ggml_py/_handle.py", "Owned._close_locked", "        if self._frees_at_close:\n",
+        "        if True:\n", ["tests/test_record_pool.py", "-k", "closed_graph or retried"]),
     "a free inside a collection waits for its end": (
         "ggml_py/_finalize.py", "_free", "    if _collecting:\n        queue.append", "    if False:\n        queue.append",
         ["tests/test_lifetime.py", "-k", "a_del_in_a_cycle"]),
@@ -213,8 +213,8 @@ MUTATIONS: dict[str, tuple[str, str, str, str, list[str]]] = {
         "ggml_py/_graph.py", "Graph.n_nodes", "        self._meta.ptr       # (ClosedError once closed", "        # (",
         ["tests/test_record_pool.py", "-k", "closed_graph"]),
     "a closed graph's memory goes back when collected": (
-        "ggml_py/_handle.py", "Owned.close", "            if self._frees_at_close:\n",
-        "            if True:\n", ["tests/test_record_pool.py", "-k", "closed_graph"]),
+        "ggml_py/_handle.py", "Owned._close_locked", "        if self._frees_at_close:\n",
+        "        if True:\n", ["tests/test_record_pool.py", "-k", "closed_graph"]),
     "checked permute takes int axes only": (
         "ggml_py/ops/shape.py", "permute", "                if x.__class__ is not int:      # (True == 1",
         "                if False:      # (True == 1", ["tests/test_checked.py", "-k", "python_rules"]),
