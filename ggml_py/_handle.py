@@ -80,7 +80,7 @@ def _release(free: Callable[[Any], Any], raw: Any, what: str,
         warnings.warn(f"freeing {what} failed: {e!r}", GGMLWarning, stacklevel=1)
 
 
-Step = Callable[[], Any]
+_Step = Callable[[], Any]
 
 
 class Owned:
@@ -95,7 +95,7 @@ class Owned:
     _close_under_parents = False
     _closing = False       # in close(): a close reached again from its own steps returns
     # (fn, after_free) given to on_close, in order; a bound method of the object held weakly
-    _steps: "list[tuple[Step | weakref.WeakMethod[Step], bool]] | None" = None
+    _steps: "list[tuple[_Step | weakref.WeakMethod[_Step], bool]] | None" = None
 
     def __init__(self, raw: Any, free: Callable[[Any], Any], *, parents: Iterable[Any] = (),
                  guard: Callable[[], bool] | None = None) -> None:
@@ -125,7 +125,7 @@ class Owned:
     def closed(self) -> bool:
         return self._raw is None
 
-    def on_close(self, fn: Step, *, after_free: bool = False) -> None:
+    def on_close(self, fn: _Step, *, after_free: bool = False) -> None:
         """Call `fn()` when this object closes: before its children close and its handle is
         freed (the steps run in the order given), or with `after_free`, once the handle is
         freed, outside the object's lock (what it used and closes after itself). A step

@@ -103,26 +103,27 @@ def test_an_owner_with_steps_of_its_own_dies_without_the_cyclic_collector():
 
 
 def test_close_takes_a_buffer_s_context_lock_first():
-    # a thread holding the context's lock (setting, computing) keeps the buffer's memory
+    # a thread holding the context's lock (setting, computing) keeps the buffer's memory, and
+    # the buffer's close waits for it before taking the buffer's own lock: the order a
+    # context's close takes them (context, then its buffers), so the two never wait on each
+    # other
     be = gg.device("CPU").backend(1)
     ctx = gg.Context()
     ctx.tensor(gg.f32, (4,))
     [buf] = ctx.alloc(be)
-    held, done, seen = threading.Event(), threading.Event(), []
-
-    def hold():
-        with ctx._lock:
-            held.set()
-            done.wait(0.3)
-            seen.append(buf.closed)              # the close waits for this use to end
-
-    t = threading.Thread(target=hold)
-    t.start()
-    held.wait()
-    buf.close()
-    done.set()
-    t.join()
-    assert seen == [False] and buf.closed
+    ctx._lock.acquire()
+    try:
+        closer = threading.Thread(target=buf.close)
+        closer.start()
+        closer.join(0.3)
+        assert closer.is_alive() and not buf.closed       # waits for the context's user
+        free = buf._lock.acquire(timeout=1)
+        assert free, "the closing buffer holds its own lock while it waits for its context's"
+        buf._lock.release()
+    finally:
+        ctx._lock.release()
+    closer.join()
+    assert buf.closed
 
 
 def test_a_numpy_view_keeps_the_memory_of_a_scheduler_closed_under_it(monkeypatch):
