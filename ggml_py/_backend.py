@@ -70,6 +70,7 @@ class Backend(Owned, Queue):
         self._pending: list[object] = []
         self._n_threads: int | None = None
         self._name = _named_after(cstr(lib.ggml_backend_name(raw)) or "", device.name)
+        self.on_close(self._finish_queue)
 
     @classmethod
     def _create(cls, device: DeviceLike, *, n_threads: int | None = None,
@@ -221,13 +222,12 @@ class Backend(Owned, Queue):
     def _devices(self) -> "builtins.set[Any]":
         return {self._device.ptr}
 
-    def close(self) -> None:
-        """Free the backend (idempotent); waits for work queued on it first."""
-        with self._lock:
-            if self._raw is not None and self.can_free():
-                lib.ggml_backend_synchronize(self._raw)  # nothing queued may outlive its memory
-                self._pending.clear()
-            super().close()
+    def _finish_queue(self) -> None:
+        """The first step of close(): wait for the work queued here, since nothing queued may
+        outlive its memory (not on a dead RPC server: that would abort)."""
+        if self.can_free():
+            lib.ggml_backend_synchronize(self._raw)
+            self._pending.clear()
 
     def __repr__(self) -> str:
         return "<Backend closed>" if self.closed else f"<Backend {self._name} on {self._device.name}>"

@@ -11,7 +11,7 @@ buffer type it used, so this module needs nothing from the device module.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,9 @@ class Buffer(Owned):
     """Device memory (``ggml_backend_buffer_t``). Owned: close() or use ``with``."""
 
     _kind = "buffer"
+    # the owning context's lock first: a thread setting or computing on tensors of that
+    # context holds it, and the memory must not go under it
+    _close_under_parents = True
 
     def __init__(self, raw: Any, buffer_type: BufferTypeLike, *, keep: object = None,
                  parents: tuple[Any, ...] = (), owned: bool = True) -> None:
@@ -41,26 +44,6 @@ class Buffer(Owned):
         self._buffer_type = buffer_type
         self._keep = keep  # host memory a zero-copy buffer stands on
         self._is_host = bool(lib.ggml_backend_buffer_is_host(raw))
-        self._on_close: list[Any] = []
-
-    def on_close(self, fn: Any) -> None:
-        """Call `fn()` just before the memory is freed (a context uses it to mark the tensors
-        placed here as unallocated, so they raise instead of reading freed memory)."""
-        self._on_close.append(fn)
-
-    def close(self) -> None:
-        # the owning context's lock first: a thread setting or computing on tensors of that
-        # context holds it, and the memory must not go under it
-        """Free the buffer (idempotent); its tensors read as unallocated afterwards."""
-        with contextlib.ExitStack() as stack:
-            for p in self._parents:
-                stack.enter_context(p._lock)
-            stack.enter_context(self._lock)
-            if self._raw is not None:
-                for fn in self._on_close:
-                    fn()
-                self._on_close = []
-            super().close()
 
     def _devices(self) -> set[Any]:
         return {self._dev} if self._dev is not None else set()

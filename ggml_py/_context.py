@@ -2,15 +2,17 @@
 
 A :class:`Context` holds tensor metadata only; its tensors get memory from a backend buffer
 with :meth:`Context.alloc`, or from the graph allocator when a graph is computed. It keeps its
-own books through small methods:
+own books through small methods, in the words of docs/ownership.md:
 
 - :meth:`build` is the one construction path of op results: room in this context, the ggml
   builder called there, the result wrapped as a tensor of this context;
-- :meth:`uses` records the other contexts whose tensors this one's tensors read (operands
-  from another context); :meth:`contexts` is everything a graph over its tensors touches;
-- :meth:`keep` keeps graphs and schedulers that placed memory for its tensors, and hands their
-  graphs back before it closes;
-- :meth:`adopt` keeps buffers made for its tensors outside :meth:`alloc` (DLPack).
+- :meth:`keep` keeps alive, never closing them, the other contexts whose tensors this one's
+  tensors read (:meth:`contexts` is everything a graph over its tensors touches) and the
+  graphs and schedulers that placed memory for its tensors (they give their graphs back
+  before it closes);
+- :meth:`own` takes buffers made for its tensors outside :meth:`alloc` (DLPack, GGUF
+  mappings): closed with it;
+- :meth:`export` makes the token of a zero-copy export of its tensors' memory.
 
 Threads: building tensors in one context from several threads is serialized by its lock.
 """
@@ -23,43 +25,20 @@ from typing import Any, Callable, Iterable, Iterator, cast
 
 import numpy as np
 
-from . import _handle, _record_pool, _types, _written
+from . import _record_pool, _types, _written
 from ._backend import Backend
 from ._buffer import Buffer
 from ._device import BufferType
-from ._handle import Owned, Placer
+from ._context_records import C_LOCK, C_UNLOCK, Records
+from ._handle import Export, Placer
 from ._rpc_liveness import buffer_device, ensure_alive
-from ._loader import HELPERS, ffi, lib
+from ._loader import ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import MAX_DIMS, MAX_NAME, TensorBase, index_of, shape_of
 from .errors import (ClosedError, GGMLError, InvalidType, OutOfMemory,
-                     check_ptr, check_status, require)
+                     check_status, require)
 
-_OVERHEAD = int(lib.ggml_tensor_overhead())
 _MAX_CAPACITY = 1 << 26
-
-
-class _Export:
-    """Held by each zero-copy export of a context's memory (see :meth:`Context.export`)."""
-
-    __slots__ = ("ctx", "memory", "__weakref__")
-
-    def __init__(self, ctx: "Context") -> None:
-        self.ctx = ctx
-        self.memory: list[Any] = []
-
-
-def _records_left_py(raw: Any) -> int:
-    """ggml_py_room for bindings without helpers.c."""
-    return (int(lib.ggml_get_mem_size(raw)) - int(lib.ggml_used_mem(raw))) // _OVERHEAD - 1
-
-
-_records_left: Callable[[Any], int] = (lib.ggml_py_room if HELPERS else None) or _records_left_py
-# a Context's state for helpers.c's checked ops: its newest chunk and the mutex they build
-# under (None for bindings without helpers.c)
-_STATE_NEW: Any = lib.ggml_py_ctx_new if HELPERS else None
-_C_LOCK: Any = lib.ggml_py_ctx_lock if HELPERS else None
-_C_UNLOCK: Any = lib.ggml_py_ctx_unlock if HELPERS else None
 
 
 def _init_view(p: Any) -> None:
@@ -71,7 +50,7 @@ def _init_view(p: Any) -> None:
         lib.ggml_backend_view_init(p)
 
 
-class Context(Owned):
+class Context(Records):
     """Metadata for up to `capacity` tensors per chunk; a new chunk is opened when one fills,
     so the capacity grows as needed."""
 
@@ -86,99 +65,17 @@ class Context(Owned):
         capacity = index_of(capacity, "Context: capacity")
         require(0 < capacity <= _MAX_CAPACITY,
                 f"Context: capacity must be in 1..{_MAX_CAPACITY}, got {capacity}")
-        self._capacity = capacity
-        first = self._new_chunk()
-        # every chunk (ggml_context), the first included: a new one opens when the last
-        # fills. Plain handles, freed with this object (never with a Python object of their
-        # own: one that kept this Context as its parent would make a cycle, and a Context of
-        # more than one chunk would wait for the cyclic collector to give its memory back)
-        self._chunks: list[Any] = [first]
-        super().__init__(first, functools.partial(_record_pool.release_all, self._chunks))
-        self._spans = [self._span(first)]
-        self._head = first                 # the newest chunk, where tensors are made
-        # the checked ops' side (helpers.c): the newest chunk, and a mutex held by a checked
-        # op while it builds and by this object wherever it builds in, walks or closes its
-        # chunks (_records), so ggml never sees two threads in one chunk. The handle that
-        # every ggml_py_* checked op takes first (None for bindings without helpers.c):
-        # read it (the ops call their helper with it: ops/_common.CHECKED_OPS), never assign it
-        self.checked_state: Any = None
-        if _STATE_NEW is not None:
-            st = check_ptr(_STATE_NEW(first),
-                           "Context: no memory for its state", OutOfMemory)
-            self.checked_state = ffi.gc(st, lib.ggml_py_ctx_free)
+        super().__init__(capacity)
         self._keep: list[Any] = []         # graphs/allocators/schedulers that placed memory here
         self._buffers: list[Buffer] = []   # buffers made for its tensors
         self._uses: set[Context] = set()   # other contexts its tensors read (strong)
         self._pending: list[tuple[Tensor, np.ndarray]] = []   # from_numpy values to set
-        self._closing = False
-        self._exports: weakref.WeakSet[_Export] = weakref.WeakSet()
+        self.on_close(self._teardown)
+        self.on_close(self._buffers.clear, after_free=True)
         # split nodes of graphs with tensors here that a scheduler points at its copies:
         # node address -> (scheduler, the node's own sources) (see _tensor_base.own_sources)
         self.rewired: dict[int, tuple[Any, list[Any]]] = {}
         self.books = _written.Books()      # which of its tensors hold written values
-
-    # -- chunks ------------------------------------------------------------------------------
-    def _new_chunk(self) -> Any:
-        raw = _record_pool.new(_OVERHEAD * (self._capacity + 64))
-        if raw == ffi.NULL:
-            raise OutOfMemory(f"Context: ggml_init could not reserve room for {self._capacity} "
-                              "tensors")
-        return raw
-
-    @staticmethod
-    def _span(raw: Any) -> tuple[int, int]:
-        base = int(ffi.cast("uintptr_t", lib.ggml_get_mem_buffer(raw)))
-        return base, base + int(lib.ggml_get_mem_size(raw))
-
-    def _room(self, n: int = 8) -> Any:
-        """The raw chunk with room for `n` more tensors (opening a new chunk when needed).
-        Callers hold the lock. Room is what ggml says is left (``_records_left``), the one
-        count both the Python path and the checked ops read."""
-        self.ptr                                # (ClosedError once closed)
-        if _records_left(self._head) < n:
-            raw = self._new_chunk()
-            self._chunks.append(raw)
-            self._spans.append(self._span(raw))
-            self._head = raw
-            if self.checked_state is not None:         # (the caller holds _records)
-                lib.ggml_py_ctx_set_head(self.checked_state, raw)
-        return self._head
-
-    @contextlib.contextmanager
-    def _records(self) -> Iterator[None]:
-        """This context's lock, and the mutex its checked ops build under: held to build in,
-        walk or change its chunks. Not held while Python code that could reach this context
-        again runs (views' init, buffers, finalizers): the mutex is not re-entrant."""
-        with self._lock:
-            st = self.checked_state
-            if st is None:
-                yield
-                return
-            _C_LOCK(st)
-            try:
-                yield
-            finally:
-                _C_UNLOCK(st)
-
-    def _raws(self) -> list[Any]:
-        self.ptr                                # (ClosedError once closed)
-        return list(self._chunks)
-
-    def n_tensors(self) -> int:
-        """How many tensors (ops, views, inputs) this context holds."""
-        with self._records():
-            # each record takes ggml_tensor_overhead() exactly (every pinned release), and a
-            # Context's chunks hold tensor records only
-            return sum(int(lib.ggml_used_mem(r)) for r in self._raws()) // _OVERHEAD
-
-    def spans(self) -> list[tuple[int, int]]:
-        """The address ranges of this context's tensor records, one per chunk."""
-        return list(self._spans)
-
-    def owns(self, raw_tensor: Any) -> bool:
-        """Whether the raw tensor's metadata lives in this context's memory."""
-        a = int(ffi.cast("uintptr_t", raw_tensor))
-        return any(lo <= a < hi for lo, hi in self._spans)
 
     # -- the one construction path -------------------------------------------------------------
     def build(self, fn: Callable[..., Any], args: Iterable[Any], ndim: int | None,
@@ -201,11 +98,11 @@ class Context(Owned):
                 if st is None:
                     p = fn(self._room(room), *args)
                 else:                           # (_records, inline)
-                    _C_LOCK(st)
+                    C_LOCK(st)
                     try:
                         p = fn(self._room(room), *args)
                     finally:
-                        _C_UNLOCK(st)
+                        C_UNLOCK(st)
                 if view and p:
                     _init_view(p)
             finally:
@@ -231,7 +128,7 @@ class Context(Owned):
         ggml has read the operand, and a context closed meanwhile raises here."""
         others = [cast("Context", u.ctx) for u in uses if u.ctx is not self]
         for c in others:
-            self.uses(c)
+            self.keep(c)
         locks = sorted({id(c): c for c in [self, *others]}.values(), key=id)
         with contextlib.ExitStack() as stack:
             for c in locks:
@@ -260,10 +157,6 @@ class Context(Owned):
         # sources of split nodes to them until its next split)
         return Tensor(p, self)
 
-    def uses(self, other: "Context") -> None:
-        """Record that tensors of this context read tensors of `other`."""
-        self._uses.add(other)
-
     def contexts(self, include_closed: bool = False) -> list["Context"]:
         """This context and every context it uses, directly or not."""
         seen: dict[int, Context] = {id(self): self}
@@ -276,27 +169,25 @@ class Context(Owned):
         return [c for c in seen.values() if include_closed or not c.closed]
 
     def keep(self, obj: Any) -> None:
-        """Keep `obj` (a graph, allocator or scheduler that placed memory for tensors here)
-        alive with this context; a scheduler's graphs are handed back before it closes."""
-        if not any(k is obj for k in self._keep):
+        """Keep `obj` alive while this context lives, never closing it: a context whose tensors
+        tensors here read, or a graph, allocator or scheduler that placed memory for tensors
+        here (a :class:`Placer` is told before this context's buffers close)."""
+        if isinstance(obj, Context):
+            self._uses.add(obj)
+        elif not any(k is obj for k in self._keep):
             self._keep.append(obj)
 
-    def export(self) -> "_Export":
-        """A token for memory handed out without a copy (``numpy(copy=False)``, DLPack): while
-        a token lives, close() leaves this context's memory (buffers, graph allocations) to
-        the tokens, which free it when the last export is collected."""
-        token = _Export(self)
-        self._exports.add(token)
-        # every owner of memory its tensors may sit in: its buffers, and the schedulers and
-        # graphs that placed memory for them (each close() hands its memory to the token)
-        for k in (*self._buffers, *self._keep,
-                  *(a for g in self._keep if isinstance(g, Placer) for a in g.placed_memory())):
-            if isinstance(k, Owned) and not k.closed:
-                k.export_to(token)
-        return token
+    def export(self) -> Export:
+        """The token of memory handed out without a copy (``numpy(copy=False)``, DLPack), held
+        by the export: while it lives, closing an owner of memory its tensors may sit in (its
+        buffers, the schedulers and graph allocators that placed memory for them) leaves that
+        memory to it, and the last export collected frees it."""
+        return Export((*self._buffers, *self._keep, *(
+            a for g in self._keep if isinstance(g, Placer) for a in g.placed_memory())))
 
-    def adopt(self, buffer: Buffer) -> None:
-        """Keep `buffer` (memory of some of this context's tensors) until the context closes."""
+    def own(self, buffer: Buffer) -> None:
+        """Own `buffer` (memory of some of this context's tensors made outside :meth:`alloc`):
+        it is closed with the context."""
         self._buffers.append(buffer)
         self._children.add(buffer)
 
@@ -357,7 +248,7 @@ class Context(Owned):
             if b == ffi.NULL:
                 raise OutOfMemory(f"constant: allocating {t.nbytes} bytes in {buft.name} failed")
             buf = Buffer(b, buft, parents=(self,))
-            buf.on_close(lambda b=b: self._lose(b))
+            buf.on_close(functools.partial(self._lose, b))
             self._buffers.append(buf)
             st = lib.ggml_backend_tensor_alloc(b, p, lib.ggml_backend_buffer_get_base(b))
             if st:                           # an enum ggml_status where the release returns one
@@ -405,7 +296,7 @@ class Context(Owned):
                     raise OutOfMemory(f"alloc: allocating the context's tensors in {buft.name} "
                                       f"failed ({need} bytes)")
                 buf = Buffer(b, buft, parents=(self,))
-                buf.on_close(lambda b=b: self._lose(b))
+                buf.on_close(functools.partial(self._lose, b))
                 made.append(buf)
             self._buffers.extend(made)   # the context owns its tensors' memory
         pending, self._pending = self._pending, []
@@ -415,14 +306,6 @@ class Context(Owned):
             else:
                 self._pending.append((t, a))
         return made
-
-    def _chunk_raw_tensors(self, raw: Any) -> list[Any]:
-        out = []
-        p = lib.ggml_get_first_tensor(raw)
-        while p != ffi.NULL:
-            out.append(p)
-            p = lib.ggml_get_next_tensor(raw, p)
-        return out
 
     def buffer_addresses(self) -> set[int]:
         """The raw addresses of the open buffers holding this context's tensors."""
@@ -460,41 +343,14 @@ class Context(Owned):
     def _devices(self) -> set[Any]:
         return set().union(*(b._devices() for b in self._buffers)) if self._buffers else set()
 
-    def close(self) -> None:
-        """Free the context and the memory of its tensors (idempotent); graphs over it close first."""
-        with self._lock:
-            if self._raw is None:
-                return
-            if self.checked_state is not None:     # checked ops refuse from now on
-                _C_LOCK(self.checked_state)
-                lib.ggml_py_ctx_set_head(self.checked_state, ffi.NULL)
-                _C_UNLOCK(self.checked_state)
-            for k in self._keep:   # schedulers give graphs with nodes here back before they go
-                if isinstance(k, Placer):
-                    k.context_closing()
-            self._closing = True
-            exports = list(self._exports)
-            if exports:
-                # memory handed out without a copy outlives close(): the exports own it now
-                memory = [*self._buffers, *(a for k in self._keep if isinstance(k, Placer)
-                                            for a in k.placed_memory())]
-                for m in memory:
-                    self._children.discard(m)
-                    m._parents = ()
-                for token in exports:
-                    token.memory.extend(memory)
-            self._keep = []
-            # the tensors' metadata (this context's ggml memory) is freed when the Context
-            # object is collected, not here: a Tensor, a Graph or a context that reads these
-            # tensors keeps it, so a thread that checked "open" just before this close, or
-            # ggml walking a closed operand's record, reads a record instead of freed memory
-            # (data is what close() frees: the buffers; the records then raise ClosedError)
-            if _handle.detach(self._finalizer) is not None:   # (once: a close retried after a
-                self._records_finalizer = _handle.finalize(   # child raised)
-                    self, _record_pool.release_all, self._chunks)
-            super().close()        # closes the chunks and buffers (children) first
-            self._buffers = []
-            self._pending = []
+    def _teardown(self) -> None:
+        """A step of close(): schedulers give back the graphs with nodes here before the
+        buffers go."""
+        keep, self._keep = self._keep, []
+        for k in keep:
+            if isinstance(k, Placer):
+                k.context_closing()
+        self._pending = []
 
     def __repr__(self) -> str:
         return "<Context closed>" if self.closed else f"<Context chunks={len(self._chunks)}>"

@@ -30,6 +30,7 @@ class Event(Owned, Waitable):
         self._device = device
         self._waiters: weakref.WeakSet[Queue] = weakref.WeakSet()  # queues that wait on it
         self._recorded = False       # whether record() ever queued its signal
+        self.on_close(self._finish_waiters)
 
     @classmethod
     def _create(cls, device: DeviceLike) -> "Event":
@@ -77,16 +78,13 @@ class Event(Owned, Waitable):
         ensure_alive(self._device.ptr)
         lib.ggml_backend_event_synchronize(self.ptr)
 
-    def close(self) -> None:
-        """Free the event once no backend's queue still waits on it: a queue waiting on a freed
-        event may hang (Vulkan's does), so those backends are synchronized first."""
-        with self._lock:
-            if self._raw is not None:
-                for be in list(self._waiters):
-                    if not be.closed and be.can_free():
-                        lib.ggml_backend_synchronize(be.ptr)
-                self._waiters = weakref.WeakSet()
-            super().close()
+    def _finish_waiters(self) -> None:
+        """The first step of close(): a queue waiting on a freed event may hang (Vulkan's
+        does), so the backends that wait on it are synchronized first."""
+        for be in list(self._waiters):
+            if not be.closed and be.can_free():
+                lib.ggml_backend_synchronize(be.ptr)
+        self._waiters = weakref.WeakSet()
 
     def _devices(self) -> set[Any]:
         return {self._device.ptr}

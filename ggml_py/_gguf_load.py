@@ -61,7 +61,7 @@ def _zero_copy(f: "GGUFFile", buft: "BufferType", dev: "DeviceLike | None",
         buf = dev.buffer_from_host(pages)
     except GGMLError:
         return False
-    next(iter(tensors.values())).ctx.adopt(buf)   # the tensors' context keeps the mapping
+    next(iter(tensors.values())).ctx.own(buf)   # the tensors' context owns the mapping
     base = buf.base
     for ti in infos:
         t = tensors[ti.name]

@@ -52,12 +52,7 @@ class _GraphMemory(Owned):
     read of a closed graph reads that graph, never a newer one built in the reused chunk."""
 
     _kind = "graph"
-
-    def close(self) -> None:
-        with self._lock:
-            if self._raw is not None and _handle.detach(self._finalizer) is not None:
-                self._memory_finalizer = _handle.finalize(self, _record_pool.release, self._raw)
-            super().close()
+    _frees_at_close = False
 
 
 # ops that only describe a layout over their source's memory: computing them writes nothing

@@ -2,7 +2,9 @@
 
 Borrowed handles (registries, devices, buffer types) belong to ggml and are plain objects.
 Owned ones derive from :class:`Owned`. A child keeps its parents alive through ordinary
-references; a parent's close() closes the children still open first.
+references; a parent's close() closes the children still open first. What else a close does
+is data: the steps given to :meth:`Owned.on_close`, run in order. docs/ownership.md has the
+words (owner, borrower, export) and who frees what when.
 
 Threads: cffi releases the GIL around every C call, so two Python threads can be inside ggml
 at once. Each owned object carries a re-entrant lock (``_lock``); the calls ggml does not
@@ -10,21 +12,19 @@ make thread-safe (building tensors in a context, computing or queueing on a back
 hold it, and close() takes it, so closing an object another thread is using waits for that
 use to end instead of freeing memory under it.
 
-Freeing waits for a running collection to end: the cyclic collector calls weakref callbacks
-(the finalizers) before the ``__del__`` methods of the same garbage, so a ``__del__`` that reads a
-tensor of its cycle would read memory freed an instant earlier. Every finalizer of the package is made by :func:`finalize`, which frees at once outside a
-collection and at its end inside one, and not at interpreter exit.
+Every free goes through :func:`ggml_py._finalize.finalize`, which waits for a running cyclic
+collection to end.
 """
 from __future__ import annotations
 
-import collections
-import gc
+import contextlib
 import os
 import threading
 import warnings
 import weakref
 from typing import Any, Callable, Iterable, TypeVar
 
+from ._finalize import finalize, free_now, hand_to
 from ._loader import ffi
 from .errors import ClosedError, GGMLWarning
 
@@ -45,66 +45,6 @@ def changed() -> None:
 
 _O = TypeVar("_O", bound="Owned")
 
-_collecting = False                    # the cyclic collector is running (in some thread)
-# frees asked for during a collection, run when it ends in the order asked (children closed
-# before parents), the processes to stop after them
-_later: "collections.deque[tuple[_Token, Callable[..., Any], tuple[Any, ...]]]" = \
-    collections.deque()
-_later_stops: "collections.deque[tuple[_Token, Callable[..., Any], tuple[Any, ...]]]" = \
-    collections.deque()
-
-
-class _Finalizer(weakref.finalize):  # type: ignore[type-arg]
-    # (a _Token refers to it weakly; `rearmed`: the finalizer that took its free over when a
-    # __del__ brought its object back to life, kept alive through this one, which the
-    # object holds)
-    __slots__ = ("__weakref__", "rearmed")
-
-    rearmed: "_Finalizer | None"
-
-
-class _Token:
-    """What a queued free knows of its finalizer: held by the object it watches, so alive at
-    the end of a collection only when a ``__del__`` brought that object back to life."""
-
-    __slots__ = ("finalizer",)
-
-    def __init__(self) -> None:
-        self.finalizer: "weakref.ref[_Finalizer] | None" = None
-
-
-def _drain() -> None:
-    for queue in (_later, _later_stops):
-        while True:
-            try:
-                token, fn, args = queue.popleft()   # (atomic: two threads draining run each once)
-            except IndexError:
-                break
-            try:
-                f = token.finalizer() if token.finalizer is not None else None
-                if f is not None:
-                    # its object was resurrected (a __del__ stored it): free when it dies
-                    f.rearmed = _watch(f, queue, fn, args)
-                else:
-                    fn(*args)
-            except Exception as e:             # never raise from the collector
-                try:
-                    warnings.warn(f"freeing after a collection failed: {e!r}", GGMLWarning,
-                                  stacklevel=1)
-                except Exception:              # (warnings turned into errors)
-                    pass
-
-
-def _gc_phase(phase: str, info: dict[str, int]) -> None:
-    global _collecting
-    _collecting = phase == "start"
-    if not _collecting:
-        _drain()
-
-
-gc.callbacks.append(_gc_phase)
-
-
 # A forked child cannot run ggml's CPU compute on more than one thread: ggml's OpenMP
 # runtime (libgomp) has no at-fork handler, and its pool of the parent's threads does not
 # exist in the child, which then waits forever. In a child every thread count of ggml_py
@@ -114,9 +54,7 @@ THREADS_AFTER_FORK: int | None = None
 
 
 def _after_fork() -> None:
-    global _collecting, THREADS_AFTER_FORK
-    _collecting = False      # a fork from another thread during a collection: the child's
-                             # collector never reaches "stop", and every free would queue
+    global THREADS_AFTER_FORK
     THREADS_AFTER_FORK = 1
     for obj in list(LIVE):
         try:
@@ -127,59 +65,6 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
-
-
-def _free(queue: Any, token: _Token, fn: Callable[..., Any], *args: Any) -> None:
-    if _collecting:
-        queue.append((token, fn, args))
-        if _collecting:
-            return
-        _drain()            # the collection ended (and drained) as this was queued
-    else:
-        fn(*args)
-
-
-def _watch(obj: Any, queue: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> _Finalizer:
-    token = _Token()
-    f = _Finalizer(obj, _free, queue, token, fn, *args)
-    f.rearmed = None
-    token.finalizer = weakref.ref(f)
-    f.atexit = queue is _later_stops       # (only process stops run at exit)
-    return f
-
-
-def finalize(obj: Any, fn: Callable[..., Any], *args: Any,
-             stops_a_process: bool = False) -> "weakref.finalize[Any, Any]":
-    """``weakref.finalize(obj, fn, *args)``, except:
-
-    - when `obj` is collected by the cyclic collector, `fn` runs when the collection ends,
-      after the ``__del__`` methods of the same garbage, which may still read what it frees,
-      and not at all while a ``__del__`` has brought `obj` back to life (then when it dies);
-      for that, `obj` must keep the returned finalizer (as ``_finalizer`` or the like);
-    - at interpreter exit it does not run (the process's memory goes with it; freeing
-      everything there freed what the last ``__del__`` methods read), unless
-      `stops_a_process` (a child process to stop: those run at exit, and after the other
-      frees of a collection, which may still talk to it).
-
-    Call :func:`free_now` for an explicit close."""
-    return _watch(obj, _later_stops if stops_a_process else _later, fn, args)
-
-
-def detach(finalizer: "weakref.finalize[Any, Any]") -> Any:
-    """``finalizer.detach()`` for a finalizer made by :func:`finalize`, or for the one that took
-    its free over when a ``__del__`` brought its object back to life."""
-    while isinstance(finalizer, _Finalizer) and finalizer.rearmed is not None:
-        finalizer = finalizer.rearmed
-    return finalizer.detach()
-
-
-def free_now(finalizer: "weakref.finalize[Any, Any]") -> None:
-    """Run a finalizer made by :func:`finalize` now, even during a collection (an explicit
-    close: the object says it is closed from here on, so nothing reads what it frees). Once."""
-    info = detach(finalizer)
-    if info is not None:
-        _, _, fn, *args = info[2]
-        fn(*args)
 
 
 def _release(free: Callable[[Any], Any], raw: Any, what: str,
@@ -193,10 +78,22 @@ def _release(free: Callable[[Any], Any], raw: Any, what: str,
         warnings.warn(f"freeing {what} failed: {e!r}", GGMLWarning, stacklevel=1)
 
 
+_Step = Callable[[], Any]
+
+
 class Owned:
     """Base of objects that own a ggml handle."""
 
     _kind = "object"
+    #: close() frees the handle; False: the handle is freed when the object is collected, so
+    #: a stale read through a closed object reads its own records, never memory handed on
+    _frees_at_close = True
+    #: close() takes the parents' locks before its own (a buffer of a context: a thread
+    #: setting or computing on that context's tensors holds the context's lock)
+    _close_under_parents = False
+    _closing = False       # in close(): a close reached again from its own steps returns
+    # (fn, after_free) given to on_close, in order; a bound method of the object held weakly
+    _steps: "list[tuple[_Step | weakref.WeakMethod[_Step], bool]] | None" = None
 
     def __init__(self, raw: Any, free: Callable[[Any], Any], *, parents: Iterable[Any] = (),
                  guard: Callable[[], bool] | None = None) -> None:
@@ -210,9 +107,7 @@ class Owned:
         # `guard` (optional) says whether freeing is still safe: ggml's RPC client aborts the
         # process when it frees remote memory of a server that has died.
         self._finalizer = finalize(self, _release, free, raw, self._kind, guard)
-        # zero-copy exports (numpy views, DLPack capsules: objects with a ``memory`` list)
-        # reading memory this object frees: close() then hands its free to them (hand_over)
-        self._exports: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._exports: "weakref.WeakSet[Export]" = weakref.WeakSet()   # live exports of it
         LIVE.add(self)
         for p in self._parents:
             p._children.add(self)
@@ -231,26 +126,64 @@ class Owned:
     def closed(self) -> bool:
         return self._raw is None
 
+    def on_close(self, fn: _Step, *, after_free: bool = False) -> None:
+        """Call `fn()` when this object closes: before its children close and its handle is
+        freed (the steps run in the order given), or with `after_free`, once the handle is
+        freed, outside the object's lock (what it used and closes after itself). A step
+        that raises leaves the object open, to be closed again."""
+        if getattr(fn, "__self__", None) is self:     # (held strongly: the object a cycle)
+            fn = weakref.WeakMethod(fn)
+        if self._steps is None:
+            self._steps = []
+        self._steps.append((fn, after_free))
+
     def close(self) -> None:
-        """Free the handle now. Idempotent; children still open are closed first. Waits for
-        a use of the object in another thread to finish."""
-        with self._lock:
-            if self._raw is None:
-                return
+        """Free the handle now. Idempotent; the steps given to :meth:`on_close` run first,
+        then the children still open are closed. Waits for a use of the object in another
+        thread to finish. Memory that a live zero-copy export reads is left to it."""
+        if self._close_under_parents and self._parents:
+            with contextlib.ExitStack() as locks:
+                for p in self._parents:
+                    locks.enter_context(p._lock)
+                with self._lock:
+                    after = self._close_locked()
+        else:
+            with self._lock:
+                after = self._close_locked()
+        for fn in after:
+            _call(fn)
+
+    def _close_locked(self) -> list[Any]:
+        """close() under the locks; returns its after_free steps (none when it did not close)."""
+        if self._raw is None or self._closing:
+            return []
+        steps = tuple(self._steps or ())
+        self._closing = True
+        try:
+            for fn, after in steps:
+                if not after:
+                    _call(fn)
             for child in list(self._children):
                 child.close()
             changed()
             self._raw = None
-            exports = list(self._exports)
-            if exports:      # the one rule of every close: live exports keep the memory
-                hand_over(self, exports)
-            free_now(self._finalizer)
+        finally:
+            self._closing = False
+        if self._frees_at_close:
+            self._free()
+        return [fn for fn, after in steps if after]
 
-    def export_to(self, token: Any) -> None:
-        """Register a zero-copy export `token` (an object with a ``memory`` list) of memory
-        this object frees: while it lives, close() leaves that memory to it."""
-        self._exports.add(token)
-        token.memory.append(self)     # (and collection cannot free it under the token)
+    def _free(self) -> None:
+        """The one place a close frees: now, or, while exports of the memory live, when the
+        last of them is collected."""
+        exports = list(self._exports)
+        if not exports:
+            free_now(self._finalizer)
+            return
+        heir = _Heir()
+        if hand_to(self._finalizer, heir):
+            for export in exports:
+                export._holds.append(heir)
 
     def _devices(self) -> set[Any]:
         """Raw device handles this object depends on (for closing it with its RPC server)."""
@@ -277,26 +210,36 @@ class Owned:
         raise TypeError(f"a {self._kind} owns a ggml handle and cannot be pickled")
 
 
-class _Keeper:
-    """Holds the freeing of a closed object's handle until the last export referencing it
-    (a numpy view, a DLPack capsule) is collected."""
+def _call(fn: Any) -> None:
+    if isinstance(fn, weakref.WeakMethod):
+        fn = fn()
+    if fn is not None:
+        fn()
+
+
+class _Heir:
+    """Holds the free of a closed object's handle until the last export of its memory is
+    collected (each export holds it)."""
 
     __slots__ = ("__weakref__", "finalizer")
 
     finalizer: "weakref.finalize[Any, Any]"
 
 
-def hand_over(owned: Owned, tokens: Iterable[Any]) -> None:
-    """Move the freeing of `owned`'s handle to the export `tokens` (objects with a ``memory``
-    list): close() then leaves the memory to them, and the last one collected frees it."""
-    info = detach(owned._finalizer)
-    if info is None:
-        return
-    _, _, fn, *args = info[2]
-    keeper = _Keeper()
-    keeper.finalizer = finalize(keeper, fn, *args)
-    for token in tokens:
-        token.memory.append(keeper)
+class Export:
+    """The token of a zero-copy export (a numpy view, a DLPack capsule) of memory that owned
+    objects free; the export holds it for as long as it reads the memory. While it lives,
+    closing one of those owners leaves the memory to it (:meth:`Owned._free`), and it holds
+    the owners, so collection cannot free the memory under it either."""
+
+    __slots__ = ("__weakref__", "_holds")
+
+    def __init__(self, owners: Iterable[Any]) -> None:
+        self._holds: list[Any] = []            # the owners, then the heirs of their frees
+        for o in owners:
+            if isinstance(o, Owned) and not o.closed:
+                o._exports.add(self)
+                self._holds.append(o)
 
 
 class Borrowed:

@@ -24,7 +24,7 @@ import numpy as np
 from ._backend import Backend
 from ._graph import Graph
 from . import _handle, _written
-from ._handle import Owned, Placer, hand_over
+from ._handle import Owned, Placer
 from ._rpc_liveness import endpoint_of, free_guard, supports_op
 from ._loader import cstr, ffi, lib
 from ._tensor_base import give_back_rewired
@@ -87,15 +87,13 @@ class Scheduler(Owned, Placer):
         # from set_backend (tensor address -> (tensor, backend)), applied at each alloc to the
         # graph's own tensors
         self._pins: dict[int, tuple[weakref.ref[Any], Any, Backend]] = {}
-        # zero-copy exports (numpy views, DLPack) of memory it may have placed: close() leaves
-        # its buffers to them (Context.export registers them here)
-        self._exports: weakref.WeakSet[Any] = weakref.WeakSet()
         self._wired = False      # the placed graph's split nodes read its copies (rewired)
         self._epoch = _handle.EPOCH   # closes seen when the placement was last checked
         self._node_data: Any = np.zeros(0, np.uint64)
         # the graph ggml's allocator last measured (see _alloc); None: none yet
         self._measured: weakref.ref[Graph] | None = None
         self._n_tensor_copies = 0      # tensors copied between backends (see n_tensor_copies)
+        self.on_close(self._finish)
 
     @property
     def graph(self) -> Graph | None:
@@ -408,17 +406,12 @@ class Scheduler(Owned, Placer):
                 c.lose_placed(gone)
         self._placed = []
 
-    def close(self) -> None:
-        """Free the scheduler (idempotent); the tensors it placed read as unallocated."""
-        with self._lock:
-            if self._raw is not None:
-                if self._guard is None or self._guard():   # a dead RPC server would abort
-                    lib.ggml_backend_sched_synchronize(self._raw)
-                self._forget()
-                exports = list(self._exports)
-                if exports:           # numpy views or DLPack capsules still read its memory
-                    hand_over(self, exports)
-            super().close()
+    def _finish(self) -> None:
+        """The first step of close(): its work done, the tensors it placed read as
+        unallocated."""
+        if self._guard is None or self._guard():   # a dead RPC server would abort
+            lib.ggml_backend_sched_synchronize(self._raw)
+        self._forget()
 
     def _repr_html_(self) -> str:
         try:

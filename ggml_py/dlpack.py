@@ -186,7 +186,7 @@ def capsule(t: "Tensor", max_version: Any = None) -> Any:
     return cap
 
 
-def from_dlpack(obj: Any, ctx: "Context", name: str | None = None) -> "Tensor":
+def from_dlpack(obj: Any, ctx: Context, name: str | None = None) -> "Tensor":
     """A tensor of `ctx` over the memory of `obj` (any DLPack producer: numpy, torch, jax...),
     without a copy. The memory must be host memory, C-contiguous and aligned as the CPU
     device requires; `obj` is kept alive with the context."""
@@ -210,7 +210,7 @@ def from_dlpack(obj: Any, ctx: "Context", name: str | None = None) -> "Tensor":
     t = ctx.tensor(array.dtype, array.shape, name)
     check_status(lib.ggml_backend_tensor_alloc(buf.ptr, t.ptr, ffi.cast("void *", buf.base)),
           "tensor alloc")
-    ctx.adopt(buf)
+    ctx.own(buf)
     _written.wrote(t)                     # the array's values, shared
     return t
 

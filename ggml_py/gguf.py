@@ -229,6 +229,9 @@ class GGUFFile(Owned):
             raise
         self._head = head
         super().__init__(raw, lib.gguf_free)
+        # close() frees ggml's context, then closes the file (tensors loaded with
+        # ``copy=False`` keep their own mapping)
+        self.on_close(self._release_file, after_free=True)
         try:
             self._read(raw, layout)
         except BaseException:
@@ -347,13 +350,6 @@ class GGUFFile(Owned):
         fh, self._file = self._file, None
         if fh is not None:
             fh.close()
-
-    def close(self) -> None:
-        """Free ggml's context and close the file (tensors loaded with ``copy=False`` keep
-        their own mapping). Waits for a use in another thread (a load, a metadata read)."""
-        with self._lock:
-            super().close()
-            self._release_file()
 
     def __getitem__(self, key: str) -> Any:
         return self.metadata[key]

@@ -234,6 +234,9 @@ class Optimizer(Owned):
         self.batch = int(inputs.ne[1])
         self._results = [_ResultHandle(lib.ggml_opt_result_init(), lib.ggml_opt_result_free,
                                        parents=(self,)) for _ in range(2)]
+        # close() frees ggml-opt's context, then the scheduler and compute memory made for it
+        self.on_close(self._sched.close, after_free=True)
+        self.on_close(self._compute.close, after_free=True)
 
     # -- hyperparameters -------------------------------------------------------------------
     def set_hyperparameters(self, *, lr: float | None = None, beta1: float | None = None,
@@ -361,14 +364,6 @@ class Optimizer(Owned):
         lib.ggml_opt_epoch(self.ptr, dataset.ptr, train, val, split, ffi.NULL, ffi.NULL)
         n = dataset.ndata
         return (_result(train) if split else None), (_result(val) if split < n else None)
-
-    def close(self) -> None:
-        """Free ggml-opt's context, then the scheduler and compute memory made for it."""
-        was_open = not self.closed
-        super().close()
-        if was_open:          # (the scheduler closing closes this first: no second round)
-            self._sched.close()
-            self._compute.close()
 
     def __repr__(self) -> str:
         if self.closed:

@@ -25,7 +25,7 @@ from ._features import old_rpc_api
 from ._loader import BUILD, BUILD_DIR, LIB_ROOT, backend_fn, ffi, lib
 from .errors import (GGMLError, InvalidType, RPCError, RPCVersionError, UnsupportedError,
                      check_ptr, require)
-from . import _backend, _handle, _rpc_liveness
+from . import _backend, _finalize, _rpc_liveness
 from ._context import Context
 from ._device import Device, Registry, device as _lookup, env_at_first_lookup
 
@@ -171,7 +171,7 @@ class Server:
     def __init__(self, proc: "subprocess.Popen[bytes]", endpoint: str) -> None:
         self.proc = proc
         self.endpoint = endpoint
-        self._finalizer = _handle.finalize(self, _stop, proc, stops_a_process=True)
+        self._finalizer = _finalize.finalize(self, _stop, proc, stops_a_process=True)
 
     @property
     def alive(self) -> bool:
@@ -182,7 +182,7 @@ class Server:
         """Close this process's objects on the server's devices, then stop the server."""
         if self.alive:
             close_dependents(self.endpoint)
-        _handle.free_now(self._finalizer)
+        _finalize.free_now(self._finalizer)
 
     def kill(self) -> None:
         """Stop the server abruptly (SIGKILL), as a crash would."""

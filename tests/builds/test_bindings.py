@@ -132,9 +132,9 @@ def test_a_build_of_other_helpers_runs_on_the_python_paths_and_says_to_rebuild(t
     code = """if True:
         import numpy as np, ggml_py as gg
         assert gg.__file__.startswith(sys.argv[1]), gg.__file__
-        from ggml_py import _context, _graph, _transfer, ops
+        from ggml_py import _context_records, _graph, _transfer, ops
         assert ops._common.CHECKED_OPS is None and ops._common.rule(3) == -1
-        assert _context._STATE_NEW is None and _graph._PREPARE is None and _transfer._COPY is None
+        assert _context_records._STATE_NEW is None and _graph._PREPARE is None and _transfer._COPY is None
         x = np.arange(12, dtype=np.float32).reshape(3, 4)
         with gg.device("CPU").backend() as be, gg.Context() as ctx:
             a = ctx.from_numpy(x)

@@ -134,7 +134,7 @@ def test_every_finalizer_of_the_package_waits_for_a_collection_to_end():
     from pathlib import Path
     root = Path(gg.__file__).parent
     found = [f"{p.relative_to(root)}:{i}" for p in sorted(root.rglob("*.py"))
-             if p.name != "_handle.py"
+             if p.name != "_finalize.py"
              for i, line in enumerate(p.read_text().splitlines(), 1)
              if "weakref.finalize(" in line]
     assert found == []

@@ -163,12 +163,12 @@ def test_status_check_maps_ggml_statuses():
 
 
 def test_records_left_without_helpers_matches_helpers():
-    from ggml_py import _context
+    from ggml_py import _context_records
     from ggml_py._loader import lib
     with gg.Context() as ctx:
         ctx.tensor(gg.f32, (4,))
         raw = ctx._raws()[-1]
-        left = _context._records_left_py(raw)
+        left = _context_records._records_left_py(raw)
         assert left > 0
         if hasattr(lib, "ggml_py_room"):
             assert left == int(lib.ggml_py_room(raw))
