@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from . import _handle, _record_pool, _types, _written
+from . import _handle, _record_pool, _rewire, _types, _written
 from ._backend import Backend
 from ._buffer import Buffer
 from ._device import BufferType
@@ -112,9 +112,8 @@ class Context(Owned):
         self._pending: list[tuple[Tensor, np.ndarray]] = []   # from_numpy values to set
         self._closing = False
         self._exports: weakref.WeakSet[_Export] = weakref.WeakSet()
-        # split nodes of graphs with tensors here that a scheduler points at its copies:
-        # node address -> (scheduler, the node's own sources) (see _tensor_base.own_sources)
-        self.rewired: dict[int, tuple[Any, list[Any]]] = {}
+        # split nodes of graphs with tensors here that a scheduler points at its copies
+        self.rewired = _rewire.Record()
         self.books = _written.Books()      # which of its tensors hold written values
 
     # -- chunks ------------------------------------------------------------------------------
@@ -256,8 +255,7 @@ class Context(Owned):
                 if c.closed:
                     raise ClosedError("the context holding this tensor's operand is closed")
                 return Tensor(p, c)
-        # a tensor of none of ours: a copy a scheduler made in its own context (it rewires the
-        # sources of split nodes to them until its next split)
+        # a tensor of none of ours: a copy a scheduler made in its own context (see _rewire)
         return Tensor(p, self)
 
     def uses(self, other: "Context") -> None:
