@@ -132,4 +132,5 @@ class Splits:
         self._placed = []
 
 
-__all__ = ["Record", "Rewirable", "Splits", "give_back", "own_sources", "restore", "rewired", "sources_of"]
+__all__ = ["Record", "Rewirable", "Splits", "give_back", "own_sources", "restore", "rewired",
+           "sources_of"]

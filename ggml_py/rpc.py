@@ -27,7 +27,8 @@ from .errors import (GGMLError, InvalidType, RPCError, RPCVersionError, Unsuppor
                      check_ptr, require)
 from . import _backend, _handle, _rpc_liveness
 from ._context import Context
-from ._device import Device, Registry, device as _lookup, env_at_first_lookup
+from ._device import Device, Registry, device as _lookup
+from ._device_env import env_at_first_lookup
 
 OLD_RPC_ONE_DEVICE = ("this build's RPC server (ggml 0.9.x, protocol 2.0.0) serves one device; "
                       "serving several from one server arrived in ggml 0.10")
