@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, cast
 
 import numpy as np
 
-from . import _record_pool, _types, _written
+from . import _record_pool, _rewire, _types, _written
 from ._backend import Backend
 from ._buffer import Buffer
 from ._device import BufferType
@@ -72,9 +72,8 @@ class Context(Records):
         self._pending: list[tuple[Tensor, np.ndarray]] = []   # from_numpy values to set
         self.on_close(self._teardown)
         self.on_close(self._buffers.clear, after_free=True)
-        # split nodes of graphs with tensors here that a scheduler points at its copies:
-        # node address -> (scheduler, the node's own sources) (see _tensor_base.own_sources)
-        self.rewired: dict[int, tuple[Any, list[Any]]] = {}
+        # split nodes of graphs with tensors here that a scheduler points at its copies
+        self.rewired = _rewire.Record()
         self.books = _written.Books()      # which of its tensors hold written values
 
     # -- the one construction path -------------------------------------------------------------
@@ -153,8 +152,7 @@ class Context(Records):
                 if c.closed:
                     raise ClosedError("the context holding this tensor's operand is closed")
                 return Tensor(p, c)
-        # a tensor of none of ours: a copy a scheduler made in its own context (it rewires the
-        # sources of split nodes to them until its next split)
+        # a tensor of none of ours: a copy a scheduler made in its own context (see _rewire)
         return Tensor(p, self)
 
     def contexts(self, include_closed: bool = False) -> list["Context"]:

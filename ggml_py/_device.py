@@ -14,7 +14,6 @@ share this module. What they make (buffers, backends, events) lives in the modul
 from __future__ import annotations
 
 import operator
-import os
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -25,7 +24,8 @@ from ._event import Event
 from ._handle import Borrowed
 from ._rpc_liveness import ensure_alive, supports_op
 from ._features import old_rpc_api
-from ._loader import BUILD, cstr, ffi, lib
+from ._device_env import check_env
+from ._loader import cstr, ffi, lib
 from .errors import (GGMLError, check_ptr, InvalidArgument, InvalidType, NotFound, OutOfMemory,
                      UnsupportedError, require)
 
@@ -382,35 +382,6 @@ class DeviceList(list["Device"]):
         except ImportError:
             return "<pre>" + "\n".join(repr(d) for d in self) + "</pre>"
         return str(devices_html(self))
-
-
-#: environment variables that a backend's registry reads again on later calls, by backend:
-#: Metal re-reads GGML_METAL_DEVICES with atoi on every ``ggml_backend_metal_reg()`` call, so
-#: a value changed after ggml made its devices makes it index devices it never created and
-#: abort. Their values at the first lookup are kept (:func:`check_env`).
-REREAD_ENV = {"metal": "GGML_METAL_DEVICES"}
-_env_at_first_lookup: dict[str, str | None] = {}
-
-
-def check_env() -> None:
-    """Raise UnsupportedError when a variable of :data:`REREAD_ENV`, for a backend this build
-    has, changed since this process's first device lookup (the first call records them)."""
-    if not _env_at_first_lookup:
-        _env_at_first_lookup.update({v: os.environ.get(v) for v in REREAD_ENV.values()})
-        return
-    for backend, var in REREAD_ENV.items():
-        now, then = os.environ.get(var), _env_at_first_lookup[var]
-        if now != then and backend in BUILD["backends"]:
-            raise UnsupportedError(
-                f"{var} changed from {then!r} to {now!r} after ggml made its devices: ggml reads "
-                f"it again on later calls and can abort. Set it before the first device lookup "
-                f"(or in a new process), or restore it ({then if then is not None else 'unset'})")
-
-
-def env_at_first_lookup(var: str) -> str | None:
-    """The value `var` (one of :data:`REREAD_ENV`) had at the first device lookup."""
-    check_env()
-    return _env_at_first_lookup[var]
 
 
 def registries() -> list[Registry]:

@@ -1,9 +1,8 @@
 """The graph picture and the scheduler's splits, for :mod:`ggml_py._display`.
 
-A layered drawing: each node one row below its lowest operand, each input right above its
-first consumer; an edge that skips rows passes through a narrow placeholder in each row it
-crosses, so every edge runs between rows or beside boxes, never through one. Rows are ordered
-by the barycenters of their neighbours and boxes pulled toward them. With a scheduler that
+A layered drawing (laid out by :mod:`ggml_py._display_layout`): each node one row below its
+lowest operand, each input right above its first consumer, edges between rows or beside
+boxes, never through one. With a scheduler that
 placed the graph, boxes take the colour of the backend they ran on; the copies the scheduler
 made (named ``<backend>#<source>#<n>`` by ggml) are drawn dashed, linked to their source. On a
 meta device each box shows where its tensor lives, in the devices' colours: a tensor split on
@@ -15,8 +14,10 @@ from __future__ import annotations
 
 import html
 import itertools
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
+from ._display_layout import Edge, Layout, copy_sources, entries, layers, place
 from ._loader import ffi, lib
 from .errors import GGMLError
 
@@ -28,8 +29,7 @@ FILLS = ["#dce6f2", "#fde5cc", "#dcefd8", "#f9d9da", "#e0f1ef", "#ece0ea", "#fbf
 MIRRORED_FILL = "#ececec"   # a meta device's mirrored tensors: every device holds all of it
 VIEW_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
 _ids = itertools.count()
-_T = TypeVar("_T")
-Edge = tuple[int, int]
+_CHAR_W, _ROW_GAP, _MARGIN = 6.8, 36, 14      # a character's width, room between rows
 
 
 def _e(x: object) -> str:
@@ -150,88 +150,6 @@ def _meta_placement(graph: Any) -> tuple[list[str], dict[Any, tuple[str, list[in
     return [d.name for d in dev.parts], out
 
 
-def _layers(n_nodes: int, n_all: int, edges: list[Edge], copied: dict[int, str]
-            ) -> dict[int, int]:
-    """Rows of vertices 0..n_all-1 (nodes first, in ggml's dependency order, then leafs):
-    nodes by longest path from the inputs (a scheduler's copy right below its source, before
-    its first consumer); each other input right above its first consumer."""
-    preds: dict[int, list[int]] = {v: [] for v in range(n_all)}
-    succs: dict[int, list[int]] = {v: [] for v in range(n_all)}
-    for s, d in edges:
-        preds[d].append(s)
-        succs[s].append(d)
-    layer = {v: 0 for v in range(n_nodes, n_all)}
-    done = set(range(n_nodes, n_all)) - set(copied)
-    for n in range(n_nodes):
-        for s in preds[n]:
-            if s not in done:    # a copy, placed once its source is
-                layer[s] = 1 + max((layer[p] for p in preds[s]), default=-1)
-                done.add(s)
-        layer[n] = 1 + max((layer[s] for s in preds[n]), default=0)
-    for leaf in range(n_nodes, n_all):
-        if leaf in copied and preds[leaf]:
-            continue
-        if succs[leaf]:
-            layer[leaf] = min(layer[d] for d in succs[leaf]) - 1
-    return layer
-
-
-def _copy_sources(copies: dict[int, str], placed: dict[int, str], names: list[str]
-                  ) -> dict[int, int]:
-    """{copy: its source} (vertex ids) where the source's name and backend tell it apart."""
-    found = {}
-    for c, src in copies.items():
-        match = [v for v, name in enumerate(names) if v not in copies and name == src
-                 and placed.get(v) not in (None, placed[c])]
-        if len(match) == 1:
-            found[c] = match[0]
-    return found
-
-
-def _order(rows: list[list[int]], up: dict[int, list[int]], down: dict[int, list[int]],
-           sweeps: int = 4) -> list[list[int]]:
-    """Barycenter ordering of each row, sweeping down then up (fewer crossings)."""
-    pos = {v: i for row in rows for i, v in enumerate(row)}
-    for _ in range(sweeps):
-        for seq, nbrs in ((range(1, len(rows)), up), (range(len(rows) - 2, -1, -1), down)):
-            for r in seq:
-                keyed = []
-                for i, v in enumerate(rows[r]):
-                    ns = nbrs.get(v, [])
-                    keyed.append((sum(pos[n] for n in ns) / len(ns) if ns else i, i))
-                rows[r] = [rows[r][i] for i in sorted(range(len(rows[r])), key=keyed.__getitem__)]
-                pos.update((v, i) for i, v in enumerate(rows[r]))
-    return rows
-
-
-def _place_x(rows: list[list[int]], width: dict[int, float], up: dict[int, list[int]],
-             down: dict[int, list[int]], gap: float = 22.0, sweeps: int = 4) -> dict[int, float]:
-    """x centres: each vertex pulled toward its neighbours' mean, rows kept in order with
-    room between boxes (left-to-right and right-to-left packing, averaged)."""
-    x = {}
-    for row in rows:
-        acc = 0.0
-        for v in row:
-            x[v] = acc + width[v] / 2
-            acc += width[v] + gap
-    for it in range(sweeps * 2):
-        nbrs = up if it % 2 == 0 else down
-        order = range(len(rows)) if it % 2 == 0 else range(len(rows) - 1, -1, -1)
-        for r in order:
-            row = rows[r]
-            want = [sum(x[n] for n in nbrs[v]) / len(nbrs[v]) if nbrs.get(v) else x[v] for v in row]
-            left, right = want[:], want[:]
-            for i in range(1, len(row)):
-                sep = (width[row[i - 1]] + width[row[i]]) / 2 + gap
-                left[i] = max(left[i], left[i - 1] + sep)
-            for i in range(len(row) - 2, -1, -1):
-                sep = (width[row[i]] + width[row[i + 1]]) / 2 + gap
-                right[i] = min(right[i], right[i + 1] - sep)
-            for i, v in enumerate(row):
-                x[v] = (left[i] + right[i]) / 2
-    return x
-
-
 def graph_svg(graph: Any, scheduler: Any = None) -> str:
     """The graph as an SVG picture: inputs above the ops that use them, arrows from sources
     to results, edges routed between the rows of boxes (never through one), output boxes
@@ -243,16 +161,31 @@ def graph_svg(graph: Any, scheduler: Any = None) -> str:
         return _svg_message(f"graph unavailable: {e}")
 
 
-def _graph_svg(graph: Any, scheduler: Any) -> str:
-    nodes, leafs = graph.nodes, graph.leafs
-    if len(nodes) + len(leafs) > DRAW_LIMIT:
-        return _svg_message(f"a graph of {len(nodes)} nodes and {len(leafs)} inputs: too large "
-                            f"to draw (limit {DRAW_LIMIT}); Graph.to_dot() gives Graphviz text")
-    # vertices are ints: nodes 0..n-1 in ggml's order, then leafs, then edge placeholders
+@dataclass
+class _Picture:
+    """What the picture shows, by vertex (nodes 0..n-1 in ggml's order, then leafs)."""
+
+    tensors: list[Any]
+    n_nodes: int
+    edges: list[Edge]                  # (source, destination)
+    outputs: set[int | None]
+    backends: list[str]                # legend entries: backends, or a meta device's parts
+    placed: dict[int, str]             # vertex -> backend label
+    copies: dict[int, str]             # a scheduler's copy -> its source's name
+    meta: dict[int, tuple[str, list[int], str]]
+    labels: list[list[str]]
+    copy_edges: set[Edge] = field(default_factory=set)
+
+    @property
+    def color(self) -> dict[str, int]:
+        return {b: i % len(PALETTE) for i, b in enumerate(self.backends)}
+
+
+def _picture(graph: Any, scheduler: Any, nodes: list[Any], leafs: list[Any]) -> _Picture:
+    """The vertices, edges, placement and labels of `graph`'s picture."""
     tensors = nodes + leafs
-    n_nodes, n_all = len(nodes), len(tensors)
+    n_nodes = len(nodes)
     vid = {_addr(t.ptr): v for v, t in enumerate(tensors)}
-    is_node = [v < n_nodes for v in range(n_all)]
     edges = [(vid[_addr(s)], v) for v, n in enumerate(nodes) for s in n.ptr.src
              if s != ffi.NULL and _addr(s) in vid]
     outputs = {vid.get(_addr(o.ptr)) for o in getattr(graph, "outputs", [])}
@@ -261,59 +194,38 @@ def _graph_svg(graph: Any, scheduler: Any) -> str:
     meta = {v: meta_t[t] for v, t in enumerate(tensors) if t in meta_t}
     if meta:
         backends = parts
-    placed = {v: by_tensor[t] for v, t in enumerate(tensors) if t in by_tensor}
-    copies = {v: copies_t[t] for v, t in enumerate(tensors) if t in copies_t}
-    color = {b: i % len(PALETTE) for i, b in enumerate(backends)}
-
-    labels = [_label(t, is_node[v]) for v, t in enumerate(tensors)]
+    pic = _Picture(tensors, n_nodes, edges, outputs, backends,
+                   placed={v: by_tensor[t] for v, t in enumerate(tensors) if t in by_tensor},
+                   copies={v: copies_t[t] for v, t in enumerate(tensors) if t in copies_t},
+                   meta=meta, labels=[_label(t, v < n_nodes) for v, t in enumerate(tensors)])
     for v, (_, _, state) in meta.items():
-        labels[v].append(state)
-    copy_src = _copy_sources(copies, placed, [t.name for t in tensors])
-    copy_edges = {(src, c) for c, src in copy_src.items()}
-    edges += sorted(copy_edges, key=lambda e: labels[e[1]])
-    layer = _layers(n_nodes, n_all, edges, copies)
-    for v, src in copies.items():
-        labels[v] = [f"copy of {src}", f"to {placed[v]}", labels[v][-1]]
-    char_w, row_gap = 6.8, 36
+        pic.labels[v].append(state)
+    copy_src = copy_sources(pic.copies, pic.placed, [t.name for t in tensors])
+    pic.copy_edges = {(src, c) for c, src in copy_src.items()}
+    pic.edges += sorted(pic.copy_edges, key=lambda e: pic.labels[e[1]])
+    return pic
+
+
+def _graph_svg(graph: Any, scheduler: Any) -> str:
+    nodes, leafs = graph.nodes, graph.leafs
+    if len(nodes) + len(leafs) > DRAW_LIMIT:
+        return _svg_message(f"a graph of {len(nodes)} nodes and {len(leafs)} inputs: too large "
+                            f"to draw (limit {DRAW_LIMIT}); Graph.to_dot() gives Graphviz text")
+    pic = _picture(graph, scheduler, nodes, leafs)
+    n_all = len(pic.tensors)
+    layer = layers(pic.n_nodes, n_all, pic.edges, pic.copies)
+    labels = pic.labels
+    for v, src in pic.copies.items():
+        labels[v] = [f"copy of {src}", f"to {pic.placed[v]}", labels[v][-1]]
     box_h = 46 if max((len(lb) for lb in labels), default=0) <= 3 else 58
-    width = {v: min(220, max(92, 14 + char_w * max(len(s) for s in labels[v])))
+    width = {v: min(220, max(92, 14 + _CHAR_W * max(len(s) for s in labels[v])))
              for v in range(n_all)}
-
-    # long edges pass through one small placeholder per row they cross
-    up: dict[int, list[int]] = {}
-    down: dict[int, list[int]] = {}
-    chains: list[list[int]] = []
-    dummies = itertools.count(n_all)
-    for s, d in edges:
-        chain = [s]
-        for r in range(layer[s] + 1, layer[d]):
-            v = next(dummies)
-            layer[v], width[v] = r, 8
-            chain.append(v)
-        chain.append(d)
-        chains.append(chain)
-        for upper, lower in zip(chain, chain[1:]):
-            up.setdefault(lower, []).append(upper)
-            down.setdefault(upper, []).append(lower)
-    n_rows = max(layer.values(), default=-1) + 1
-    rows: list[list[int]] = [[] for _ in range(n_rows)]
-    for v in list(range(n_nodes, n_all)) + list(range(n_nodes)):
-        rows[layer[v]].append(v)
-    for chain in chains:
-        for v in chain[1:-1]:
-            rows[layer[v]].append(v)
-    rows = _order(rows, up, down)
-    x = _place_x(rows, width, up, down)
-    margin = 14
-    shift = margin - min((x[v] - width[v] / 2 for v in x), default=0)
-    x = {v: c + shift for v, c in x.items()}
-    legend_h = 22 if backends else 0
-    top = margin + legend_h
-    y = {v: top + layer[v] * (box_h + row_gap) for v in x}
-    total_w = max([x[v] + width[v] / 2 for v in x] + [260, 130 * len(backends) + 150 * bool(meta)]) \
-        + margin
-    total_h = top + n_rows * (box_h + row_gap) - row_gap + margin
-
+    top = _MARGIN + (22 if pic.backends else 0)      # (room for the legend)
+    lay = place(pic.n_nodes, n_all, pic.edges, layer, width, box_h=box_h, row_gap=_ROW_GAP,
+                margin=_MARGIN, top=top)
+    total_w = max([lay.x[v] + width[v] / 2 for v in lay.x]
+                  + [260, 130 * len(pic.backends) + 150 * bool(pic.meta)]) + _MARGIN
+    total_h = top + lay.n_rows * (box_h + _ROW_GAP) - _ROW_GAP + _MARGIN
     mid = f"arrow{next(_ids)}"
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w:.0f}" height="{total_h:.0f}" '
            f'viewBox="0 0 {total_w:.0f} {total_h:.0f}" font-family="monospace" font-size="11">',
@@ -321,29 +233,38 @@ def _graph_svg(graph: Any, scheduler: Any) -> str:
            f'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
            f'fill="#555"/></marker></defs>',
            '<rect width="100%" height="100%" fill="white"/>']
-    for i, name in enumerate(backends):
-        lx = margin + i * 130
-        out.append(f'<rect x="{lx}" y="{margin - 6}" width="14" height="12" rx="2" '
-                   f'fill="{FILLS[color[name]]}" stroke="{PALETTE[color[name]]}" stroke-width="2"/>'
-                   f'<text x="{lx + 20}" y="{margin + 4}">{_e(_clip(name, 15))}</text>')
-    if meta:
-        lx = margin + len(backends) * 130
-        out.append(f'<rect x="{lx}" y="{margin - 6}" width="14" height="12" rx="2" '
-                   f'fill="{MIRRORED_FILL}" stroke="#888" stroke-width="1"/>'
-                   f'<text x="{lx + 20}" y="{margin + 4}">mirrored (on each)</text>')
+    out += _legend(pic)
+    out += _edge_paths(pic, lay, box_h, mid)
+    for v in range(n_all):
+        out += _box(pic, lay, v, box_h)
+    out.append("</svg>")
+    return "\n".join(out)
 
-    # edges: enter each box at its own spot along the top, in the order of the sources' x
-    entry: dict[int, float] = {}
-    into: dict[int, list[list[int]]] = {}
-    for c in chains:
-        into.setdefault(c[-1], []).append(c)
-    for d, ins in into.items():
-        ins.sort(key=lambda c: x[c[-2]])
-        k = len(ins)
-        step = min(14.0, (width[d] - 16) / max(k, 1))
-        for j, c in enumerate(ins):
-            entry[id(c)] = x[d] + (j - (k - 1) / 2) * step
-    for chain in chains:
+
+def _legend(pic: _Picture) -> list[str]:
+    """A swatch per backend (or meta device part), and one for mirrored tensors."""
+    out = []
+    color = pic.color
+    for i, name in enumerate(pic.backends):
+        lx = _MARGIN + i * 130
+        out.append(f'<rect x="{lx}" y="{_MARGIN - 6}" width="14" height="12" rx="2" '
+                   f'fill="{FILLS[color[name]]}" stroke="{PALETTE[color[name]]}" stroke-width="2"/>'
+                   f'<text x="{lx + 20}" y="{_MARGIN + 4}">{_e(_clip(name, 15))}</text>')
+    if pic.meta:
+        lx = _MARGIN + len(pic.backends) * 130
+        out.append(f'<rect x="{lx}" y="{_MARGIN - 6}" width="14" height="12" rx="2" '
+                   f'fill="{MIRRORED_FILL}" stroke="#888" stroke-width="1"/>'
+                   f'<text x="{lx + 20}" y="{_MARGIN + 4}">mirrored (on each)</text>')
+    return out
+
+
+def _edge_paths(pic: _Picture, lay: Layout, box_h: float, mid: str) -> list[str]:
+    """Each edge as a path: curves between rows, straight down beside the boxes of a row it
+    crosses; a scheduler's copies dashed in the colour of the backend they copy to."""
+    out = []
+    x, y, color = lay.x, lay.y, pic.color
+    entry = entries(lay)
+    for chain in lay.chains:
         pts = [(x[chain[0]], y[chain[0]] + box_h)]
         for v in chain[1:-1]:
             pts += [(x[v], y[v]), (x[v], y[v] + box_h)]
@@ -357,42 +278,47 @@ def _graph_svg(graph: Any, scheduler: Any) -> str:
             else:                 # straight down through a row, beside its boxes
                 path.append(f"L{x1:.1f},{y1:.1f}")
         style = 'stroke="#666" stroke-width="1.2"'
-        if (chain[0], chain[-1]) in copy_edges:      # a copy between backends
-            style = (f'stroke="{PALETTE[color[placed[chain[-1]]]]}" stroke-width="1.6" '
+        if (chain[0], chain[-1]) in pic.copy_edges:      # a copy between backends
+            style = (f'stroke="{PALETTE[color[pic.placed[chain[-1]]]]}" stroke-width="1.6" '
                      'stroke-dasharray="5 3"')
         out.append(f'<path d="{" ".join(path)}" fill="none" {style} marker-end="url(#{mid})"/>')
+    return out
 
-    for t in range(n_all):
-        where = placed.get(t)
-        if where is not None:
-            fill, stroke = FILLS[color[where]], PALETTE[color[where]]
-        else:
-            fill, stroke = ("#dbe9ff", "#446") if is_node[t] else ("#e8f5d8", "#464")
-        bold = t in outputs
-        left = x[t] - width[t] / 2
-        tip = f"{' / '.join(labels[t])}" + (f" on {where}" if where else "")
-        dash = ' stroke-dasharray="4 3"' if t in copies else ""
-        rx = 4 if is_node[t] else 12
-        out.append(f'<g><title>{_e(tip)}</title>')
-        if t in meta:
-            fill = "none"
-            kind, shares, _ = meta[t]
-            out.append(_stripes(left, y[t], width[t], box_h, rx, kind, shares))
-            if kind == "partial":
-                dash = ' stroke-dasharray="2 2"'
-        out.append(f'<rect x="{left:.1f}" y="{y[t]:.1f}" '
-                   f'width="{width[t]:.1f}" height="{box_h}" rx="{rx}" '
-                   f'fill="{fill}" stroke="{stroke}" stroke-width="{3 if bold else 1.2}"{dash}/>')
-        lines = labels[t]
-        n_chars = int((width[t] - 10) / char_w)
-        y0 = y[t] + {1: 27, 2: 20, 3: 15}.get(len(lines), 14)
-        for i, line in enumerate(lines):
-            weight = ' font-weight="bold"' if i == 0 else ' fill="#444"'
-            out.append(f'<text x="{x[t]:.1f}" y="{y0 + i * 13:.1f}" text-anchor="middle"'
-                       f'{weight}>{_e(_clip(line, n_chars))}</text>')
-        out.append("</g>")
-    out.append("</svg>")
-    return "\n".join(out)
+
+def _box(pic: _Picture, lay: Layout, t: int, box_h: float) -> list[str]:
+    """The box of vertex `t` with its tooltip and label lines: coloured by its backend,
+    striped by its meta placement, bold for an output, dashed for a copy."""
+    x, y, width = lay.x, lay.y, lay.width
+    is_node = t < pic.n_nodes
+    where = pic.placed.get(t)
+    if where is not None:
+        fill, stroke = FILLS[pic.color[where]], PALETTE[pic.color[where]]
+    else:
+        fill, stroke = ("#dbe9ff", "#446") if is_node else ("#e8f5d8", "#464")
+    bold = t in pic.outputs
+    left = x[t] - width[t] / 2
+    tip = f"{' / '.join(pic.labels[t])}" + (f" on {where}" if where else "")
+    dash = ' stroke-dasharray="4 3"' if t in pic.copies else ""
+    rx = 4 if is_node else 12
+    out = [f'<g><title>{_e(tip)}</title>']
+    if t in pic.meta:
+        fill = "none"
+        kind, shares, _ = pic.meta[t]
+        out.append(_stripes(left, y[t], width[t], box_h, rx, kind, shares))
+        if kind == "partial":
+            dash = ' stroke-dasharray="2 2"'
+    out.append(f'<rect x="{left:.1f}" y="{y[t]:.1f}" '
+               f'width="{width[t]:.1f}" height="{box_h}" rx="{rx}" '
+               f'fill="{fill}" stroke="{stroke}" stroke-width="{3 if bold else 1.2}"{dash}/>')
+    lines = pic.labels[t]
+    n_chars = int((width[t] - 10) / _CHAR_W)
+    y0 = y[t] + {1: 27, 2: 20, 3: 15}.get(len(lines), 14)
+    for i, line in enumerate(lines):
+        weight = ' font-weight="bold"' if i == 0 else ' fill="#444"'
+        out.append(f'<text x="{x[t]:.1f}" y="{y0 + i * 13:.1f}" text-anchor="middle"'
+                   f'{weight}>{_e(_clip(line, n_chars))}</text>')
+    out.append("</g>")
+    return out
 
 
 def _stripes(left: float, top: float, w: float, h: float, rx: int, kind: str,

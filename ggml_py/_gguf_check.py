@@ -151,6 +151,17 @@ def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name:
     types this release knows. Raises Malformed, or NeedMore when `buf` ends before the
     header does."""
     w = _Walk(buf, size if avail is None else avail, size)
+    version, n_tensors, n_kv = _header(w, max_version)
+    kvs = _key_values(w, n_kv)
+    alignment = _alignment(buf, kvs)
+    tensors = _tensor_infos(w, n_tensors, traits, max_name, max_dims, alignment)
+    data_offset = _data_section(tensors, w.pos, size, alignment)
+    return Layout(version, kvs, tensors, alignment, data_offset, size)
+
+
+def _header(w: _Walk, max_version: int) -> tuple[int, int, int]:
+    """(version, tensor count, key-value count) from the 24-byte header, each judged."""
+    buf, size = w.buf, w.size
     if size < 24:
         raise Malformed(f"truncated: {size} bytes, a GGUF header takes 24")
     if w.end < 24:
@@ -174,7 +185,12 @@ def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name:
         raise Malformed(f"absurd key-value count {n_kv}: the file has {left} bytes after its header")
     if n_tensors < 0 or n_tensors * 24 > left:   # 8 (name) + 4 (dims) + 4 (type) + 8 (offset)
         raise Malformed(f"absurd tensor count {n_tensors}: the file has {left} bytes after its header")
+    return version, n_tensors, n_kv
 
+
+def _key_values(w: _Walk, n_kv: int) -> list[KV]:
+    """The `n_kv` key-value pairs: keys unique and without NUL, types known, values inside
+    the file (read later, from their span)."""
     kvs, seen = [], set()
     for i in range(n_kv):
         raw = w.string(f"key {i}")
@@ -209,7 +225,11 @@ def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name:
             w.need(nb, f"the value of {_short(key)} ({n} x {VALUE_TYPES[et][0]})")
             w.pos += nb
         kvs.append(KV(key, t, et, n, start, w.pos))
+    return kvs
 
+
+def _alignment(buf: Any, kvs: list[KV]) -> int:
+    """``general.alignment`` (a u32 power of 2), 32 when the file does not say."""
     alignment = 32
     for kv in kvs:
         if kv.key == "general.alignment":
@@ -219,7 +239,13 @@ def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name:
             alignment = int(_U32.unpack_from(buf, kv.start)[0])
             if alignment == 0 or alignment & (alignment - 1):
                 raise Malformed(f"general.alignment {alignment} is not a power of 2")
+    return alignment
 
+
+def _tensor_infos(w: _Walk, n_tensors: int, traits: dict[int, tuple[str, int, int]],
+                  max_name: int, max_dims: int, alignment: int) -> list[TensorSpan]:
+    """The `n_tensors` tensor records: names unique and short enough, shapes and types ggml
+    takes, sizes memory can address."""
     tensors, names = [], set()
     for i in range(n_tensors):
         raw = w.string(f"the name of tensor {i}")
@@ -255,8 +281,13 @@ def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name:
             raise Malformed(f"tensor {_short(name)}: {nbytes} bytes is more than memory can address")
         offset = w.fixed(_U64, f"the offset of tensor {_short(name)}")
         tensors.append(TensorSpan(name, n_dims, tuple(ne), t, offset, nbytes))
+    return tensors
 
-    data_offset = _pad(w.pos, alignment) if tensors else w.pos
+
+def _data_section(tensors: list[TensorSpan], pos: int, size: int, alignment: int) -> int:
+    """Where the data section starts (after the records at `pos`, aligned); every tensor in
+    file order, padded, inside the file."""
+    data_offset = _pad(pos, alignment) if tensors else pos
     if data_offset > size:
         raise Malformed(f"truncated: the data section starts at {data_offset}, "
                         f"the file has {size} bytes")
@@ -269,4 +300,4 @@ def scan(buf: Any, size: int, traits: dict[int, tuple[str, int, int]], max_name:
         if end > size:
             raise Malformed(f"truncated: tensor {_short(ts.name)} ends at byte {end}, the file has {size}")
         expected += _pad(ts.nbytes, alignment)
-    return Layout(version, kvs, tensors, alignment, data_offset, size)
+    return data_offset

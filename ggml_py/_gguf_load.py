@@ -90,24 +90,9 @@ def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
          progress: Any, copy: bool = True) -> "dict[str, Tensor]":
     import ggml_py as gg
     buft, dev = _buffer_type(target)
-    by_name = {ti.name: ti for ti in f.tensors}
-    if names is None:
-        infos = list(f.tensors)
-    else:
-        if isinstance(names, str):
-            raise InvalidArgument("names must be a list of tensor names, not a string")
-        names = list(names)
-        missing = [n for n in names if n not in by_name]
-        if missing:
-            raise NotFound(f"{f.path}: no tensor named {missing[0]!r} "
-                           f"(the file has {len(by_name)} tensors)")
-        infos = [by_name[n] for n in dict.fromkeys(names)]
+    infos = _selected(f, names)
     if not infos:
         return {}
-    for ti in infos:
-        if 0 in ti.shape:
-            raise InvalidArgument(f"{f.path}: tensor {ti.name!r} has no elements {ti.shape}; "
-                                  "ggml_py tensors have at least one")
     f._unchanged()
     ctx = gg.Context(capacity=len(infos) + 1)
     try:
@@ -121,31 +106,59 @@ def load(f: "GGUFFile", target: Any, names: Iterable[str] | None,
                 wrote(t)                  # the file's bytes, mapped
         else:
             ctx.alloc(buft)
-            total = sum(ti.nbytes for ti in infos)
-            report, done = _reporter(progress, f.path, total), 0
-            # a buffer type other than the device's own (an extra one, such as CPU_REPACK)
-            # gets each tensor in one piece: such buffers may take no partial writes
-            own = dev is not None and buft == dev.buffer_type
-            step = CHUNK if own else 1 << 62
-            # the device's own host memory takes the file's bytes directly (one copy); other
-            # memory through a chunk and Tensor.set
-            direct = own and buft.is_host
-            chunk = None if direct else np.empty(min(max(ti.nbytes for ti in infos), step), np.uint8)
-            for ti in infos:
-                t = tensors[ti.name]
-                for o in range(0, ti.nbytes, step):
-                    n = min(step, ti.nbytes - o)
-                    if chunk is None:
-                        into = np.frombuffer(ffi.buffer(ffi.cast("char *", t.data) + o, n), np.uint8)
-                        f._read_into(into, ti.offset + o)     # pread: no mapping to fault
-                    else:
-                        f._read_into(chunk[:n], ti.offset + o)
-                        t.set(chunk[:n], o, flat=True)
-                    done += n
-                    if report is not None:
-                        report(done, total)
-                wrote(t)                          # (the direct reads bypass set)
+            _copy_in(f, buft, dev, infos, tensors, progress)
     except BaseException:
         ctx.close()
         raise
     return tensors
+
+
+def _selected(f: "GGUFFile", names: Iterable[str] | None) -> list[Any]:
+    """The tensor infos of `names` (all by default, each once, in the order given);
+    NotFound for a name the file lacks, InvalidArgument for a tensor without elements."""
+    by_name = {ti.name: ti for ti in f.tensors}
+    if names is None:
+        infos = list(f.tensors)
+    else:
+        if isinstance(names, str):
+            raise InvalidArgument("names must be a list of tensor names, not a string")
+        names = list(names)
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise NotFound(f"{f.path}: no tensor named {missing[0]!r} "
+                           f"(the file has {len(by_name)} tensors)")
+        infos = [by_name[n] for n in dict.fromkeys(names)]
+    for ti in infos:
+        if 0 in ti.shape:
+            raise InvalidArgument(f"{f.path}: tensor {ti.name!r} has no elements {ti.shape}; "
+                                  "ggml_py tensors have at least one")
+    return infos
+
+
+def _copy_in(f: "GGUFFile", buft: Any, dev: Any, infos: list[Any],
+             tensors: "dict[str, Tensor]", progress: Any) -> None:
+    """The file's bytes of `infos` into their allocated `tensors`, reporting to `progress`."""
+    total = sum(ti.nbytes for ti in infos)
+    report, done = _reporter(progress, f.path, total), 0
+    # a buffer type other than the device's own (an extra one, such as CPU_REPACK)
+    # gets each tensor in one piece: such buffers may take no partial writes
+    own = dev is not None and buft == dev.buffer_type
+    step = CHUNK if own else 1 << 62
+    # the device's own host memory takes the file's bytes directly (one copy); other
+    # memory through a chunk and Tensor.set
+    direct = own and buft.is_host
+    chunk = None if direct else np.empty(min(max(ti.nbytes for ti in infos), step), np.uint8)
+    for ti in infos:
+        t = tensors[ti.name]
+        for o in range(0, ti.nbytes, step):
+            n = min(step, ti.nbytes - o)
+            if chunk is None:
+                into = np.frombuffer(ffi.buffer(ffi.cast("char *", t.data) + o, n), np.uint8)
+                f._read_into(into, ti.offset + o)     # pread: no mapping to fault
+            else:
+                f._read_into(chunk[:n], ti.offset + o)
+                t.set(chunk[:n], o, flat=True)
+            done += n
+            if report is not None:
+                report(done, total)
+        wrote(t)                          # (the direct reads bypass set)

@@ -3,10 +3,10 @@
     >>> g = gg.Graph(out)                          # doctest: +SKIP
     >>> be.compute(g); out.numpy()
 
-Before a graph reaches ggml it is checked: every leaf must hold data, every tensor that holds
-data must sit in a buffer the backend can use, and the backend must support every op. A
-graph cannot change once built, so this runs once per backend; later computes only check
-that nothing closed and range-check index inputs. Nodes without memory are placed by ggml's
+Before a graph reaches ggml it is checked (``_graph_check``): every leaf must hold data, every
+tensor that holds data must sit in a buffer the backend can use, and the backend must support
+every op. A graph cannot change once built, so this runs once per backend; later computes only
+check that nothing closed and range-check index inputs. Nodes without memory are placed by ggml's
 graph allocator (``ggml_gallocr``); that memory stays valid as long as the graph's context
 lives.
 """
@@ -21,28 +21,22 @@ from typing import TYPE_CHECKING, Any, Iterator, cast
 
 import numpy as np
 
-from . import _handle, _record_pool, _written
+from . import _graph_check, _graph_nodes, _handle, _record_pool, _rewire, _written
 from ._handle import Owned, Placer
 from ._interfaces import Computable
 from ._rpc_liveness import free_guard, second_opinion
-from ._loader import HELPERS, cstr, ffi, lib
+from ._loader import HELPERS, ffi, lib
 from ._tensor import Tensor
-from ._tensor_base import give_back_rewired, own_sources
-from .ops.index import index_origin
-from .errors import ClosedError, GGMLError, InvalidArgument, InvalidType, UnsupportedError, OutOfMemory, check_ptr, check_status, require
+from .errors import ClosedError, InvalidType, OutOfMemory, check_ptr, check_status, require
 
 if TYPE_CHECKING:
     from ._backend import Backend
     from ._context import Context
 
-_GET_ROWS, _SET_ROWS = int(lib.GGML_OP_GET_ROWS), int(lib.GGML_OP_SET_ROWS)
-_OP_NONE = int(lib.GGML_OP_NONE)
 _PREPARE: Any = lib.ggml_py_prepare if HELPERS else None    # the C helper (API-mode builds)
 _MAX_NODES = 1 << 24
 _MAX_SRC = int(lib.GGML_MAX_SRC)
 _WORDS = ffi.typeof("uintptr_t *")
-_OFF_BUFFER = ffi.offsetof("struct ggml_tensor", "buffer") // 8   # (in 8-byte words)
-_OFF_DATA = ffi.offsetof("struct ggml_tensor", "data") // 8
 _TENSOR = ffi.typeof("struct ggml_tensor *")
 
 
@@ -60,50 +54,11 @@ _LAYOUT_OPS = frozenset(int(getattr(lib, f"GGML_OP_{n}")) for n in
                         ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"))
 
 
-def _addr(p: Any) -> int:
-    return int(ffi.cast("uintptr_t", p))
+_addr = _graph_nodes.addr
 
 
 def _entries(nodes: list[Any], leafs: list[Any]) -> Iterator[tuple[Any, bool]]:
     return itertools.chain(zip(nodes, itertools.repeat(True)), zip(leafs, itertools.repeat(False)))
-
-
-def _count_nodes(outs: list[Tensor]) -> int:
-    """Tensors reachable from `outs` (an upper bound of nodes + leafs), on raw pointers."""
-    seen: set[int] = set()
-    stack = [t.ptr for t in outs]
-    null = ffi.NULL
-    while stack:
-        p = stack.pop()
-        k = _addr(p)
-        if k in seen:
-            continue
-        seen.add(k)
-        for s in p.src:            # (new graphs give split nodes their sources back first)
-            if s != null:
-                stack.append(s)
-    return len(seen)
-
-
-def _refuse_closed_operands(outs: list[Tensor], closed: list[Context]) -> None:
-    """ClosedError when a tensor the graph reaches lives in a closed context (ggml would walk
-    freed memory). Only run when a context the outputs' contexts use was closed: a walk that
-    never reads a tensor of a closed context, so a graph that does not reach one is built."""
-    seen: set[int] = set()
-    stack = [t.ptr for t in outs]
-    null = ffi.NULL
-    while stack:
-        p = stack.pop()
-        k = _addr(p)
-        if k in seen:
-            continue
-        seen.add(k)
-        if any(c.owns(p) for c in closed):
-            raise ClosedError("Graph: a tensor this graph reads lives in a closed context "
-                              "(close a context only after the tensors built from it)")
-        for s in (*p.src, p.view_src):
-            if s != null:
-                stack.append(s)
 
 
 class Graph(Placer, Computable):
@@ -126,7 +81,7 @@ class Graph(Placer, Computable):
         self._fast: weakref.ref[Backend] | None = None
         self._fast_epoch = -1
         self._placed_data: Any = np.zeros(0, np.uint64)   # per node: where its allocator put it
-        self._index_inputs: list[tuple[Any, int, str]] | None = None
+        self._index_inputs: list[_graph_check.IndexInput] | None = None
         self._nodes: list[Any] | None = None    # the walk (see walk())
         self._leafs: list[Any] = []
         self._written: set[int] | None = None
@@ -145,7 +100,7 @@ class Graph(Placer, Computable):
                 t.ptr                        # ClosedError for a tensor of a closed context
             closed = [c for c in contexts.values() if c.closed]
             if closed:
-                _refuse_closed_operands(outs, closed)
+                _graph_nodes.refuse_closed_operands([t.ptr for t in outs], closed)
                 contexts = {k: c for k, c in contexts.items() if not c.closed}
             self._build(outs, contexts, capacity)
             self.ctx.keep(self)  # node memory placed by the allocator lives with the context
@@ -153,9 +108,9 @@ class Graph(Placer, Computable):
     def _build(self, outs: list[Tensor], contexts: dict[int, "Context"],
                capacity: int | None) -> None:
         """The graph's memory and nodes; the caller holds the locks of `contexts`."""
-        # a scheduler may point nodes of these contexts at its own copies: they get their
-        # sources back before anything walks them (that scheduler splits again next time)
-        give_back_rewired(contexts)
+        # nodes of these contexts that a scheduler points at its copies get their own sources
+        # back before anything walks them
+        _rewire.give_back(contexts.values())
         # every tensor of the graph lives in one of these contexts: their tensor count bounds
         # the graph (one C call per chunk instead of a walk of the graph in Python)
         count = sum(c.n_tensors() for c in contexts.values())
@@ -163,7 +118,7 @@ class Graph(Placer, Computable):
             require(isinstance(capacity, int) and not isinstance(capacity, bool),
                     "Graph: capacity must be an int", InvalidType)
             if capacity < count:
-                count = _count_nodes(outs)
+                count = _graph_nodes.count_nodes([t.ptr for t in outs])
             require(capacity >= count, f"Graph: capacity {capacity} cannot hold this graph's "
                                        f"{count} tensors (leave it out: the capacity follows "
                                        "the graph)")
@@ -241,9 +196,9 @@ class Graph(Placer, Computable):
             nodes: list[Any] = ffi.unpack(lib.ggml_graph_nodes(self.ptr), n) if n else []
             keys = set(ffi.unpack(ffi.cast(_WORDS, lib.ggml_graph_nodes(self.ptr)), n)) \
                 if n else set()                   # the nodes' addresses
-            if fresh or any(c.rewired for c in self._contexts):
+            if fresh or _rewire.rewired(self._contexts):
                 srcs = [_addr(s) for t in nodes
-                        for s in (t.src if fresh else own_sources(t, self._contexts)) if s]
+                        for s in (t.src if fresh else _rewire.own_sources(t, self._contexts)) if s]
             else:           # every node's sources as addresses: no cffi object per source
                 srcs = []
                 for t in nodes:
@@ -321,10 +276,16 @@ class Graph(Placer, Computable):
             self._let_go(addrs, other)
         dev = lib.ggml_backend_get_device(be)
         cpu = second_opinion(dev)             # (RPC devices: the CPU must support it too)
-        if _PREPARE is not None and not any(c.rewired for c in self._contexts):
-            need_alloc = self._prepare_in_c(backend, dev, cpu)
+        if _PREPARE is not None and not _rewire.rewired(self._contexts):
+            need_alloc = _graph_check.in_c(_PREPARE, self.ptr, self.n_nodes, backend, dev, cpu)
+            self._indices()      # (every index node, not only those helpers.c found)
         else:
-            need_alloc = self._prepare_in_python(backend, dev, cpu)
+            self.walk()
+            assert self._nodes is not None
+            need_alloc, index_nodes = _graph_check.in_python(self._nodes, self._leafs,
+                                                             backend, dev, cpu)
+            if self._index_inputs is None:
+                self._index_inputs = _graph_check.index_inputs(index_nodes)
         if not place:
             return
         if need_alloc:
@@ -358,33 +319,7 @@ class Graph(Placer, Computable):
         """(addresses, buffers, data addresses, `other`) of the nodes, as numpy arrays read
         straight from the tensor records (no Python work per node); `other`: the nodes whose
         memory is not a buffer of the graph's contexts (an allocator or scheduler placed it)."""
-        n = self.n_nodes
-        addrs = np.frombuffer(ffi.buffer(lib.ggml_graph_nodes(self.ptr), 8 * n), np.uint64) \
-            if n else np.zeros(0, np.uint64)
-        bufs = np.zeros(n, np.uint64)
-        datas = np.zeros(n, np.uint64)
-        found = np.zeros(n, bool)
-        own: list[int] = []
-        for c in self._contexts:
-            own += c.buffer_addresses()
-            for lo, hi in c.spans():
-                m = (addrs >= lo) & (addrs < hi)
-                if m.any():
-                    words = np.frombuffer(ffi.buffer(ffi.cast("char *", lo), hi - lo), np.uint64)
-                    at = ((addrs[m] - np.uint64(lo)) // np.uint64(8)).astype(np.int64)
-                    bufs[m] = words[at + _OFF_BUFFER]
-                    datas[m] = words[at + _OFF_DATA]
-                    found |= m
-        for i in np.flatnonzero(~found):          # (none expected: nodes live in its contexts)
-            t = ffi.cast(_TENSOR, int(addrs[i]))
-            bufs[i], datas[i] = _addr(t.buffer), _addr(t.data)
-        other = bufs != 0
-        if len(own) > 16:
-            other &= ~np.isin(bufs, np.array(own, np.uint64))
-        elif other.any():                         # (a few buffers: cheaper than np.isin)
-            for b in set(own):
-                other &= bufs != np.uint64(b)
-        return addrs, bufs, datas, other
+        return _graph_nodes.node_memory(self.ptr, self.n_nodes, self._contexts)
 
     def _let_go(self, addrs: Any, mask: Any) -> None:
         """The nodes at `addrs[mask]` (and views of them) read as unallocated; every graph
@@ -402,130 +337,19 @@ class Graph(Placer, Computable):
         self._checked = weakref.WeakSet()
         self._epoch = _handle.EPOCH
 
-    def _prepare_in_c(self, backend: "Backend", dev: Any, cpu: Any) -> bool:
-        """prepare's pass in one C call (ggml_build/helpers.c); True when nodes need memory."""
-        n = self.n_nodes
-        index_out = ffi.new("struct ggml_tensor *[]", max(n, 1))
-        res = ffi.new("struct ggml_py_prep *")
-        status = _PREPARE(self.ptr, backend.ptr, dev, ffi.NULL if cpu is None else cpu,
-                          _GET_ROWS, _SET_ROWS, index_out, n, res)
-        t = res.tensor
-        if status == 1:
-            self._unsupported(backend, t)
-        elif status == 2:
-            self._no_memory(t)
-        elif status == 3:
-            self._usable(backend, t, t.buffer, set())
-        elif status == 4:
-            check_status(lib.ggml_backend_view_init(t), "view init")
-        if status:
-            raise GGMLError(f"compute: preparing the graph failed (status {status})")
-        self._indices()      # (every index node, not only those helpers.c found)
-        return bool(res.need_alloc)
-
-    def _prepare_in_python(self, backend: "Backend", dev: Any, cpu: Any) -> bool:
-        """prepare's pass in Python (ABI-mode bindings, builds without the C helper, and
-        graphs a scheduler rewired); True when nodes need memory."""
-        supports = lib.ggml_backend_dev_supports_op
-        usable: set[Any] = set()              # buffers the backend can use
-        need_alloc = False
-        index_nodes = []
-        self.walk()
-        assert self._nodes is not None
-        for t in self._nodes:
-            buf = t.buffer
-            if not buf:
-                src = t.view_src
-                if src and src.buffer and src.data:
-                    check_status(lib.ggml_backend_view_init(t), "view init")
-                    buf = t.buffer
-            if buf and buf not in usable:
-                self._usable(backend, t, buf, usable)
-            if not t.data:                    # views get their address from the allocator too
-                need_alloc = True
-            op = t.op
-            if op != _OP_NONE and (not supports(dev, t) or cpu is not None and not supports(cpu, t)):
-                self._unsupported(backend, t)
-            if op == _GET_ROWS or op == _SET_ROWS:
-                index_nodes.append(t)
-        for t in self._leafs:
-            if not t.data:
-                self._no_memory(t)
-            buf = t.buffer
-            if buf and buf not in usable:
-                self._usable(backend, t, buf, usable)
-        if self._index_inputs is None:
-            self._index_inputs = self._index_inputs_of(index_nodes)
-        return need_alloc
-
-    @staticmethod
-    def _unsupported(backend: "Backend", t: Any) -> None:
-        name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
-        raise UnsupportedError(f"compute: backend {backend.name} does not support "
-                               f"op {cstr(lib.ggml_op_desc(t))} of node {name!r}")
-
-    @staticmethod
-    def _no_memory(t: Any) -> None:
-        name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
-        raise InvalidArgument(f"compute: input tensor {name!r} has no memory: allocate "
-                              "its context (ctx.alloc(backend)) and set its values first")
-
-    @staticmethod
-    def _usable(backend: "Backend", t: Any, buf: Any, usable: set[Any]) -> None:
-        """InvalidArgument unless `backend` can use the buffer `buf` holding `t`."""
-        buft = lib.ggml_backend_buffer_get_type(buf)
-        if not lib.ggml_backend_supports_buft(backend.ptr, buft):
-            name = cstr(t.name) or cstr(lib.ggml_op_desc(t))
-            raise InvalidArgument(
-                f"compute: tensor {name!r} lives in a "
-                f"{cstr(lib.ggml_backend_buft_name(buft))} buffer, which backend "
-                f"{backend.name} cannot use; copy it to that device or use a Scheduler")
-        usable.add(buf)
-
-    def _indices(self) -> list[tuple[Any, int, str]]:
+    def _indices(self) -> list[_graph_check.IndexInput]:
         """(index tensor, rows it may address, op) for every get_rows/set_rows whose indices
         are a graph input: their values are checked at each compute (ggml asserts on a bad
         index, and an RPC server dies of it)."""
         if self._index_inputs is None:
-            ops = (_GET_ROWS, _SET_ROWS)
-            self._index_inputs = self._index_inputs_of(
+            ops = (_graph_check.GET_ROWS, _graph_check.SET_ROWS)
+            self._index_inputs = _graph_check.index_inputs(
                 [t for t, is_node in self.walk() if is_node and t.op in ops])
         return self._index_inputs
 
-    def _index_inputs_of(self, nodes: list[Any]) -> list[tuple[Any, int, str]]:
-        """The leaves whose values are read as row numbers by the index nodes `nodes`
-        (directly or through views and copies: ops.index.index_origin), with their bound."""
-        out: list[tuple[Any, int, str]] = []
-        for t in nodes:
-            idx, rows, op = self._index_input(t)
-            origin = index_origin(idx)
-            if origin is None or (origin[1] is not None and origin[1] > rows):
-                raise InvalidArgument(f"{op}: its indices have no known range (computed by op "
-                                      f"{cstr(lib.ggml_op_desc(idx))}); feed them as an input")
-            out.extend((leaf, rows, op) for leaf in origin[0])
-        return out
-
-    @staticmethod
-    def _index_input(t: Any) -> tuple[Any, int, str]:
-        """(index tensor, rows it may address, op) of a get_rows/set_rows node `t`."""
-        # get_rows: src = (table, indices); set_rows: src = (rows, indices, destination)
-        table = t.src[0] if int(t.op) == _GET_ROWS else t.src[2]
-        return t.src[1], int(table.ne[1]), "get_rows" if int(t.op) == _GET_ROWS else "set_rows"
-
     def check_indices(self) -> None:
         """InvalidArgument when an index input holds a row number out of range."""
-        for idx, rows, op in self._indices():
-            if idx.data == ffi.NULL or idx.buffer == ffi.NULL:
-                continue                  # reported as an unallocated input by prepare()
-            dtype = np.int64 if int(idx.type) == int(lib.GGML_TYPE_I64) else np.int32
-            values: Any = np.empty(int(lib.ggml_nelements(idx)), dtype)
-            lib.ggml_backend_tensor_get(idx, ffi.from_buffer("void *", values, require_writable=True),
-                                        0, values.nbytes)
-            lo, hi = int(values.min()) if values.size else 0, int(values.max()) if values.size else 0
-            if values.size and (lo < 0 or hi >= rows):
-                bad = values[(values < 0) | (values >= rows)][0]
-                raise InvalidArgument(f"{op}: index {bad} is out of range for {rows} rows "
-                                      f"(indices {cstr(idx.name) or ''})")
+        _graph_check.check_indices(self._indices())
 
     def compute_on(self, backend: "Backend", *, asynchronous: bool) -> None:
         """What ``backend.compute(graph)`` runs: checks, allocation, then ggml's compute."""
@@ -552,8 +376,7 @@ class Graph(Placer, Computable):
 
     def _compute_locked(self, backend: "Backend", asynchronous: bool) -> None:
         backend.ensure_alive()
-        if any(c.rewired for c in self._contexts):      # a scheduler's copies (rare)
-            give_back_rewired({id(c): c for c in self._contexts})
+        _rewire.give_back(self._contexts)       # a scheduler's copies (rare)
         self.prepare(backend)
         self.check_indices()
         if asynchronous:

@@ -23,27 +23,19 @@ import numpy as np
 
 from ._backend import Backend
 from ._graph import Graph
-from . import _handle, _written
+from . import _handle, _rewire, _written
 from ._handle import Owned, Placer
 from ._rpc_liveness import endpoint_of, free_guard, supports_op
 from ._loader import cstr, ffi, lib
-from ._tensor_base import give_back_rewired
 from .errors import GGMLError, InvalidArgument, InvalidType, UnsupportedError, OutOfMemory, check_status, require
 
 MAX_BACKENDS = 16  # GGML_SCHED_MAX_BACKENDS (a private define of ggml-backend.cpp)
-MAX_SRC = int(lib.GGML_MAX_SRC)
 _INPUT = int(lib.GGML_TENSOR_FLAG_INPUT)
 _OP_NONE = int(lib.GGML_OP_NONE)
 
 
 def _addr(p: Any) -> int:
     return int(ffi.cast("uintptr_t", p))
-
-
-def _restore(sources: list[tuple[Any, list[Any]]]) -> None:
-    for t, srcs in sources:
-        for j, s in enumerate(srcs):
-            t.src[j] = s
 
 
 class Scheduler(Owned, Placer):
@@ -82,12 +74,12 @@ class Scheduler(Owned, Placer):
         super().__init__(raw, lib.ggml_backend_sched_free, parents=backends, guard=self._guard)
         self.backends = backends
         self._graph_size = int(graph_size)
-        # (graph, raw tensors whose memory the scheduler placed, every node's own sources)
-        self._placed: list[tuple[Graph, list[Any], list[tuple[Any, list[Any]]]]] = []
+        # (graph, raw tensors whose memory the scheduler placed)
+        self._placed: list[tuple[Graph, list[Any]]] = []
         # from set_backend (tensor address -> (tensor, backend)), applied at each alloc to the
         # graph's own tensors
         self._pins: dict[int, tuple[weakref.ref[Any], Any, Backend]] = {}
-        self._wired = False      # the placed graph's split nodes read its copies (rewired)
+        self._splits = _rewire.Splits()    # the split nodes it points at its copies
         self._epoch = _handle.EPOCH   # closes seen when the placement was last checked
         self._node_data: Any = np.zeros(0, np.uint64)
         # the graph ggml's allocator last measured (see _alloc); None: none yet
@@ -129,14 +121,14 @@ class Scheduler(Owned, Placer):
     def reserve(self, graph: Graph) -> None:
         """Size the compute buffers for graphs like `graph` (optional; compute does it)."""
         self._check(graph, inputs_set=False)
-        give_back_rewired({id(c): c for c in graph.contexts})   # this scheduler's and others'
-        self._measure(graph, [(t, list(t.src)) for t, is_node in graph.walk() if is_node])
+        _rewire.give_back(graph.contexts)       # this scheduler's and others'
+        self._measure(graph, _rewire.sources_of(t for t, is_node in graph.walk() if is_node))
 
-    def _measure(self, graph: Graph, sources: list[tuple[Any, list[Any]]]) -> None:
-        """ggml_backend_sched_reserve for `graph`; the sources its split rewired to the
-        scheduler's copies are put back (the copies are of no use after it)."""
+    def _measure(self, graph: Graph, sources: _rewire.Sources) -> None:
+        """ggml_backend_sched_reserve for `graph`; the nodes its split points at the
+        scheduler's copies get their `sources` back (the copies are of no use after it)."""
         ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)
-        _restore(sources)
+        _rewire.restore(sources)
         if not ok:
             raise GGMLError("ggml_backend_sched_reserve failed (out of memory?)")
         self._measured = weakref.ref(graph)
@@ -184,7 +176,7 @@ class Scheduler(Owned, Placer):
     def _alloc(self, graph: Graph, *, inputs_set: bool) -> None:
         self._check(graph, inputs_set=inputs_set)
         self._forget()
-        give_back_rewired({id(c): c for c in graph.contexts})   # other schedulers' copies
+        _rewire.give_back(graph.contexts)       # other schedulers' copies
         # nodes another graph's allocator or scheduler placed, for its own graph (where they
         # may share memory with its other nodes), are placed again here
         addrs, _, _, other = graph.node_memory()
@@ -194,9 +186,7 @@ class Scheduler(Owned, Placer):
         entries = list(graph.walk())
         nodes = [t for t, is_node in entries if is_node]
         placed = [t for t, _ in entries if t.data == ffi.NULL]
-        # ggml's scheduler points the sources of split nodes at copies in its own context,
-        # which it frees at the next split: keep the real sources to put back (_forget)
-        sources = [(t, [t.src[j] for j in range(MAX_SRC)]) for t in nodes]
+        sources = _rewire.sources_of(nodes)     # (before the split rewires some)
         if self._measured is not None and self._measured() is not graph:   # (or it is gone)
             # ggml's allocator keeps the offsets it chose for the last graph and reuses them
             # for any graph with as many nodes and leafs whose tensors fit, without comparing
@@ -206,21 +196,15 @@ class Scheduler(Owned, Placer):
             self._measure(graph, sources)
             self._apply_pins(graph)
         self._measured = weakref.ref(graph)
-        self._placed.append((graph, placed, sources))
+        self._placed.append((graph, placed))
+        self._splits.placing(graph.contexts, sources)
         graph.scheduler = self
         for c in graph.contexts:       # a context closing first hands its graphs back (_forget)
             c.keep(self)
         if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
             self._forget()
             raise OutOfMemory("the scheduler could not allocate the graph (out of memory?)")
-        copied: set[int] = set()
-        for t, srcs in sources:
-            if any(a != b for a, b in zip(t.src, srcs)):
-                copied.update(_addr(a) for a, b in zip(t.src, srcs) if a != b)
-                for c in graph.contexts:       # (one of them holds the node)
-                    c.rewired[_addr(t)] = (self, srcs)
-        self._n_tensor_copies = len(copied)
-        self._wired = True
+        self._n_tensor_copies = self._splits.split(graph.contexts, sources)
         self._node_data = graph.placement()      # where it placed each node
         self._epoch = _handle.EPOCH
         # a node that had memory before (another graph's allocation placed it) stays where it
@@ -276,7 +260,7 @@ class Scheduler(Owned, Placer):
                 stack.enter_context(c.lock)
             self.ensure_alive()
             graph._require_open()           # before reading its index inputs
-            if not self._wired or not any(entry[0] is graph for entry in self._placed):
+            if not self._splits.active or not any(entry[0] is graph for entry in self._placed):
                 self._alloc(graph, inputs_set=True)
             elif self._epoch != _handle.EPOCH:
                 self._recheck(graph)
@@ -289,7 +273,7 @@ class Scheduler(Owned, Placer):
         memory (a buffer closed under it) is refused; nodes without memory, or moved (another
         graph's allocator placed them again for itself), are placed again here, unless inputs
         placed here hold values the user set (placing again would lose them)."""
-        mine = {_addr(t) for g, placed, _ in self._placed if g is graph for t in placed}
+        mine = {_addr(t) for g, placed in self._placed if g is graph for t in placed}
         for t, is_node in graph.walk():
             if not is_node and t.data == ffi.NULL and _addr(t) not in mine:
                 raise InvalidArgument(
@@ -365,24 +349,6 @@ class Scheduler(Owned, Placer):
         self._member(backend, "buffer_size")
         return int(lib.ggml_backend_sched_get_buffer_size(self.ptr, backend.ptr))
 
-    def _give_back_sources(self, contexts: Any = None) -> None:
-        """Point the split nodes of the placed graph at their own sources again, instead of
-        the scheduler's copies (all of them, or only where the graph has a tensor in one of
-        `contexts`, a dict of id -> Context); the next compute splits the graph again. Node
-        memory stays as placed."""
-        if not self._wired:
-            return
-        if contexts is not None and not any(
-                id(c) in contexts for g, _, _ in self._placed for c in g.contexts):
-            return
-        self._wired = False
-        for graph, _, sources in self._placed:
-            for t, _ in sources:
-                for c in graph.contexts:
-                    c.rewired.pop(_addr(t), None)
-            if not any(c.closed for c in graph.contexts):   # (else its tensors are gone)
-                _restore(sources)
-
     def context_closing(self) -> None:
         """A context it placed tensors for closes (Placer): give its graphs back first."""
         if not self.closed:
@@ -391,10 +357,11 @@ class Scheduler(Owned, Placer):
     def _forget(self) -> None:
         """Give graphs back as they were: their own sources again (not the scheduler's copies),
         and the nodes it placed read as unallocated."""
-        self._give_back_sources()
+        self._splits.give_back()            # their own sources again
+        self._splits.clear()
         if self._placed:
             _handle.changed()                # other graphs may share the nodes it placed
-        for graph, nodes, _ in self._placed:
+        for graph, nodes in self._placed:
             graph._forget_allocation()        # its nodes must be placed again before a compute
             if any(c.closed for c in graph.contexts):
                 continue                     # (its tensors' memory is gone)

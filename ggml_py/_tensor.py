@@ -19,7 +19,8 @@ import numpy as np
 from . import _transfer
 from . import ops
 from ._loader import ffi, lib
-from ._tensor_base import TensorBase, own_sources
+from ._rewire import own_sources
+from ._tensor_base import TensorBase
 from .ops._common import scalable
 from .ops.elementwise import binary_op
 from .errors import ClosedError, InvalidType, require

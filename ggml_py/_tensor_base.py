@@ -21,34 +21,6 @@ from ._rpc_liveness import buffer_device, check_access
 from ._loader import cstr, ffi, lib
 from .errors import ClosedError, InvalidArgument, InvalidType, OutOfMemory, require
 
-# Nodes whose sources a scheduler points at copies of its own: ggml does so when it splits a
-# graph across backends, until its next split, and frees the copies with the scheduler. Each
-# context of the split graph records them in ``Context.rewired`` (node address -> (that
-# scheduler, the node's own sources)), so the record lives and dies with the contexts (no
-# global that would keep them alive); Tensor.src, graph walks and new graphs read a node's own
-# sources through own_sources(), never the scheduler's copies.
-
-
-def own_sources(p: Any, contexts: Any) -> list[Any]:
-    """The raw sources of the raw tensor `p` as its op was built (NULL entries included);
-    `contexts`: those that may hold a record of `p` (its own, or a graph's)."""
-    for c in contexts:
-        if c.rewired:
-            entry = c.rewired.get(int(ffi.cast("uintptr_t", p)))
-            if entry is not None:
-                own: list[Any] = entry[1]
-                return own
-    return list(p.src)
-
-
-def give_back_rewired(contexts: dict[int, Any]) -> None:
-    """Before ggml walks a graph with tensors in `contexts` (id -> Context): every scheduler
-    that points nodes there at its copies gives them their own sources back."""
-    scheds = {id(e[0]): e[0] for c in contexts.values() if c.rewired
-              for e in list(c.rewired.values())}
-    for sched in scheds.values():
-        sched._give_back_sources(contexts)
-
 
 MAX_DIMS = int(lib.GGML_MAX_DIMS)
 MAX_NAME = int(lib.GGML_MAX_NAME)

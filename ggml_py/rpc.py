@@ -27,7 +27,8 @@ from .errors import (GGMLError, InvalidType, RPCError, RPCVersionError, Unsuppor
                      check_ptr, require)
 from . import _backend, _finalize, _rpc_liveness
 from ._context import Context
-from ._device import Device, Registry, device as _lookup, env_at_first_lookup
+from ._device import Device, Registry, device as _lookup
+from ._device_env import env_at_first_lookup
 
 OLD_RPC_ONE_DEVICE = ("this build's RPC server (ggml 0.9.x, protocol 2.0.0) serves one device; "
                       "serving several from one server arrived in ggml 0.10")
@@ -245,14 +246,7 @@ def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir
     if threads is not None:
         threads = _backend.check_n_threads(threads, "serve: threads")
     if port:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                in_use = True
-        except OSError:
-            in_use = False
-        if in_use:
-            raise RPCError(f"serve: port {port} of {host} is in use (something accepts "
-                           "connections there): pick another port, or port=0 for a free one")
+        _refuse_port_in_use(host, port)
     if not _is_loopback(host):
         require(allow_remote, f"binding to {host} exposes the server beyond this machine; pass "
                               "allow_remote=True to do so deliberately")
@@ -272,6 +266,26 @@ def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir
                             start_new_session=True)
     server = Server(proc, endpoint)
     _rpc_liveness.served_by(endpoint, proc)
+    _wait_accepting(server, host, port, timeout)
+    return server
+
+
+def _refuse_port_in_use(host: str, port: int) -> None:
+    """RPCError when something accepts connections at `host`:`port` already."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            in_use = True
+    except OSError:
+        in_use = False
+    if in_use:
+        raise RPCError(f"serve: port {port} of {host} is in use (something accepts "
+                       "connections there): pick another port, or port=0 for a free one")
+
+
+def _wait_accepting(server: Server, host: str, port: int, timeout: float) -> None:
+    """Until the server's child accepts connections: GGMLError with its last words when it
+    exits first, TimeoutError (the child stopped) after `timeout` seconds."""
+    proc = server.proc
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
@@ -280,12 +294,12 @@ def serve(devices: Any = None, host: str = "127.0.0.1", port: int = 0, cache_dir
                             f"connections:\n{err}")
         try:
             with socket.create_connection((host, port), timeout=0.5):
-                return server
+                return
         except OSError:
             if time.monotonic() > deadline:
                 server.close()
-                raise TimeoutError(f"the RPC server did not accept connections at {endpoint} "
-                                   f"within {timeout} s") from None
+                raise TimeoutError(f"the RPC server did not accept connections at "
+                                   f"{server.endpoint} within {timeout} s") from None
             time.sleep(0.05)
 
 

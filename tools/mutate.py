@@ -70,7 +70,7 @@ MUTATIONS: dict[str, tuple[str, str, str, str, list[str]]] = {
         "ggml_py/ops/linalg.py", "_packed", "type_size and blas_rows_ok(t) else", "type_size else",
         ["tests/core/test_fuzz.py", "-k", "blas_valid"]),
     "index range check off by one": (
-        "ggml_py/_graph.py", "Graph.check_indices", "(lo < 0 or hi >= rows)", "(lo < 0 or hi > rows)",
+        "ggml_py/_graph_check.py", "check_indices", "(lo < 0 or hi >= rows)", "(lo < 0 or hi > rows)",
         ["tests/rpc/test_ops.py", "-k", "range_checked"]),
     "copy_async shape rule": (
         "ggml_py/_transfer.py", "copy_async", 'require(src.ne == dst.ne, f"copy_async: shapes differ',
@@ -136,11 +136,11 @@ MUTATIONS: dict[str, tuple[str, str, str, str, list[str]]] = {
     # Python otherwise: the Python pass is guarded by the generator that compares both ways,
     # the C pass's report by the refusal test
     "graph input memory rule (Python pass)": (
-        "ggml_py/_graph.py", "Graph._prepare_in_python", "        for t in self._leafs:\n            if not t.data:",
-        "        for t in self._leafs:\n            if False:",
+        "ggml_py/_graph_check.py", "in_python", "    for t in leafs:\n        if not t.data:",
+        "    for t in leafs:\n        if False:",
         ["tests/rpc/test_graph.py", "-k", "prepare_in_c_and_in_python_agree"]),
     "graph input memory rule (C pass's report)": (
-        "ggml_py/_graph.py", "Graph._prepare_in_c", "        elif status == 2:\n            self._no_memory(t)\n", "",
+        "ggml_py/_graph_check.py", "in_c", "    elif status == 2:\n        no_memory(t)\n", "",
         OPS("compute unallocated")),
     "scheduler CPU-last rule": (
         "ggml_py/_scheduler.py", "Scheduler.__init__", 'require(backends[-1].device.type == "cpu",', "require(True,",
@@ -154,7 +154,7 @@ MUTATIONS: dict[str, tuple[str, str, str, str, list[str]]] = {
         "        if False:", ["tests/rpc/test_scheduler.py", "-k", "afresh"]),
     "scheduler puts back what measuring rewired": (
         "ggml_py/_scheduler.py",
-        "Scheduler._measure", "        ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)\n        _restore(sources)\n",
+        "Scheduler._measure", "        ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)\n        _rewire.restore(sources)\n",
         "        ok = lib.ggml_backend_sched_reserve(self.ptr, graph.ptr)\n",
         ["tests/rpc/test_scheduler.py", "-k", "in_turn"]),
     "buffer max size rule": (

@@ -2,7 +2,7 @@
 
 The rules (docs/validation.md, "GGUF and opt classes"), each in one place of ``ggml_py/opt.py``:
 
-- ``_check_model``: what ggml-opt asserts on is refused when the Optimizer is made (inputs that
+- ``_opt_check.model``: what ggml-opt asserts on is refused when the Optimizer is made (inputs that
   are views or op results, of a type other than the dataset's, parameters that are not
   leaves, tensors in a buffer no backend of the optimizer can use);
 - ``Optimizer._using``: every call into ggml-opt holds the optimizer (a second thread raises,

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import ggml_py as gg
-from ggml_py import _device
+from ggml_py import _device_env
 from ggml_py.rpc import server_env
 
 VAR = "GGML_METAL_DEVICES"
@@ -20,7 +20,7 @@ def metal_built(monkeypatch):
     """This build, as if it had the Metal backend (the guard applies to built backends)."""
     gg.devices()                                     # the first lookup has happened
     monkeypatch.setitem(gg.BUILD, "backends", list(gg.BUILD["backends"]) + ["metal"])
-    return _device._env_at_first_lookup[VAR]
+    return _device_env.at_first_lookup[VAR]
 
 
 def _changed(first):
@@ -54,7 +54,7 @@ def test_a_changed_device_count_is_refused(metal_built, monkeypatch, lookup):
 
 def test_the_guard_is_for_built_backends_only(monkeypatch):
     gg.devices()
-    first = _device._env_at_first_lookup[VAR]
+    first = _device_env.at_first_lookup[VAR]
     assert "metal" not in gg.BUILD["backends"] or sys.platform == "darwin"
     if "metal" in gg.BUILD["backends"]:
         pytest.skip("this build has Metal: the refusal is tested above")
@@ -63,12 +63,12 @@ def test_the_guard_is_for_built_backends_only(monkeypatch):
 
 
 def test_cpu_only_server_children_make_no_metal_device(monkeypatch):
-    monkeypatch.setitem(_device._env_at_first_lookup, VAR, "2")
+    monkeypatch.setitem(_device_env.at_first_lookup, VAR, "2")
     env = server_env(["CPU"], gg.BUILD_DIR)
     assert env[VAR] == "0" and env["GGML_PY_BUILD"] == str(gg.BUILD_DIR)
     assert server_env(["MTL1"], gg.BUILD_DIR)[VAR] == "2"        # the parent's count
     assert server_env(["CPU", "MTL0"], gg.BUILD_DIR)[VAR] == "2"
-    monkeypatch.setitem(_device._env_at_first_lookup, VAR, None)
+    monkeypatch.setitem(_device_env.at_first_lookup, VAR, None)
     monkeypatch.setenv(VAR, "2")
     monkeypatch.setitem(gg.BUILD, "backends", [b for b in gg.BUILD["backends"] if b != "metal"])
     assert VAR not in server_env(["MTL0"], gg.BUILD_DIR)         # unset at the first lookup
