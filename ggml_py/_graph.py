@@ -74,12 +74,12 @@ class Graph(Placer, Computable):
         self.ctx: Context = cast("Context", outs[0].ctx)
         self._allocs: dict[int, Owned] = {}
         self._checked: weakref.WeakSet[Backend] = weakref.WeakSet()  # validated and allocated
-        self._epoch = _handle.EPOCH          # (closes since: see prepare)
+        self._checked_at = _handle.MEMORY_CHANGES   # (changes since: see prepare)
         # the backend the last compute ran on, when nothing needs a check per compute there
         # (no RPC liveness, no index inputs): with nothing closed since, the next compute on
         # it goes straight to ggml
         self._fast: weakref.ref[Backend] | None = None
-        self._fast_epoch = -1
+        self._fast_checked_at = -1
         self._placed_data: Any = np.zeros(0, np.uint64)   # per node: where its allocator put it
         self._index_inputs: list[_graph_check.IndexInput] | None = None
         self._nodes: list[Any] | None = None    # the walk (see walk())
@@ -258,11 +258,11 @@ class Graph(Placer, Computable):
         leaf must hold memory."""
         self._require_open()
         be = backend.ptr
-        if self._epoch != _handle.EPOCH:
+        if self._checked_at != _handle.MEMORY_CHANGES:
             # something closed since the last check (a buffer under a leaf, a backend...):
             # validated is no longer known
             self._checked = weakref.WeakSet()
-            self._epoch = _handle.EPOCH
+            self._checked_at = _handle.MEMORY_CHANGES
         if backend in self._checked:
             return
         addrs, bufs, datas, other = self.node_memory()
@@ -335,7 +335,7 @@ class Graph(Placer, Computable):
             c.lose_placed(gone)
         _handle.changed()
         self._checked = weakref.WeakSet()
-        self._epoch = _handle.EPOCH
+        self._checked_at = _handle.MEMORY_CHANGES
 
     def _indices(self) -> list[_graph_check.IndexInput]:
         """(index tensor, rows it may address, op) for every get_rows/set_rows whose indices
@@ -357,8 +357,8 @@ class Graph(Placer, Computable):
             ctx = self._contexts[0]
             with backend._lock, ctx._lock:
                 fast = self._fast
-                if (fast is not None and self._fast_epoch == _handle.EPOCH and not asynchronous
-                        and fast() is backend and not ctx.rewired):
+                if (fast is not None and self._fast_checked_at == _handle.MEMORY_CHANGES
+                        and not asynchronous and fast() is backend and not ctx.rewired):
                     # validated for this backend and nothing closed or rewired since
                     status = lib.ggml_backend_graph_compute(backend._raw, self.ptr)
                     if status:                    # (a call less on the hot path)
@@ -388,7 +388,7 @@ class Graph(Placer, Computable):
         # the fast path's conditions: nothing here needs checking per compute
         self._fast = weakref.ref(backend) if backend._guard is None and not self._index_inputs \
             else None
-        self._fast_epoch = self._epoch
+        self._fast_checked_at = self._checked_at
 
     # -- pictures ----------------------------------------------------------------------------
     def to_dot(self, path: str | None = None) -> str:

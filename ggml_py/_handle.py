@@ -30,18 +30,19 @@ from .errors import ClosedError, GGMLWarning
 
 LIVE: "weakref.WeakSet[Owned]" = weakref.WeakSet()   # every open owned object
 
-# Bumped by every close and every hand-back of placed memory (see changed()): what was
-# checked before (a graph validated for a backend, a scheduler's placement) may point into
-# memory that is gone, so it is checked again. Read as ``_handle.EPOCH`` (two bumps racing
-# may count once: it changes, which is what counts).
-EPOCH = 0
+# Counts the events after which tensors may have lost their memory: every close and every
+# hand-back of placed memory (see changed()). What was checked at an older count (a graph
+# validated for a backend, a scheduler's placement) may point into memory that is gone, so it
+# is checked again. Read as ``_handle.MEMORY_CHANGES`` (two bumps racing may count once: it
+# changes, which is what counts).
+MEMORY_CHANGES = 0
 
 
 def changed() -> None:
     """Tensors may have lost their memory (a close, a scheduler handing its placement back):
     every graph checks again before its next compute."""
-    global EPOCH
-    EPOCH += 1
+    global MEMORY_CHANGES
+    MEMORY_CHANGES += 1
 
 _O = TypeVar("_O", bound="Owned")
 

@@ -301,9 +301,9 @@ class MetaBackend(Backend):
         # once per graph until something closes (a graph's nodes and its weights' splits are
         # fixed; replaying ggml's rules costs about 0.1 ms per node in Python)
         planned = self.__dict__.setdefault("_planned", weakref.WeakKeyDictionary())
-        if planned.get(graph) != _handle.EPOCH:
+        if planned.get(graph) != _handle.MEMORY_CHANGES:
             plan(graph, self)
-            planned[graph] = _handle.EPOCH
+            planned[graph] = _handle.MEMORY_CHANGES
 
     def split_states(self, graph: Any) -> list[tuple[str, str, str]]:
         """(node name, op, split state) for every node of `graph`, as this backend's meta

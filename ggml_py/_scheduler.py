@@ -80,7 +80,7 @@ class Scheduler(Owned, Placer):
         # graph's own tensors
         self._pins: dict[int, tuple[weakref.ref[Any], Any, Backend]] = {}
         self._splits = _rewire.Splits()    # the split nodes it points at its copies
-        self._epoch = _handle.EPOCH   # closes seen when the placement was last checked
+        self._checked_at = _handle.MEMORY_CHANGES   # changes seen when the placement was checked
         self._node_data: Any = np.zeros(0, np.uint64)
         # the graph ggml's allocator last measured (see _alloc); None: none yet
         self._measured: weakref.ref[Graph] | None = None
@@ -206,7 +206,7 @@ class Scheduler(Owned, Placer):
             raise OutOfMemory("the scheduler could not allocate the graph (out of memory?)")
         self._n_tensor_copies = self._splits.split(graph.contexts, sources)
         self._node_data = graph.placement()      # where it placed each node
-        self._epoch = _handle.EPOCH
+        self._checked_at = _handle.MEMORY_CHANGES
         # a node that had memory before (another graph's allocation placed it) stays where it
         # is, and ggml runs it on the backend it was pinned to or chose, in place: that
         # backend must be able to use the memory (ggml does not check, and computes garbage)
@@ -262,7 +262,7 @@ class Scheduler(Owned, Placer):
             graph._require_open()           # before reading its index inputs
             if not self._splits.active or not any(entry[0] is graph for entry in self._placed):
                 self._alloc(graph, inputs_set=True)
-            elif self._epoch != _handle.EPOCH:
+            elif self._checked_at != _handle.MEMORY_CHANGES:
                 self._recheck(graph)
             graph.check_indices()
             check_status(fn(self.ptr, graph.ptr), "scheduled graph compute")
@@ -288,7 +288,7 @@ class Scheduler(Owned, Placer):
                     "scheduler or graph placed them again); call sched.alloc(graph), set its "
                     "inputs again, then compute")
             self._alloc(graph, inputs_set=True)
-        self._epoch = _handle.EPOCH
+        self._checked_at = _handle.MEMORY_CHANGES
 
     def synchronize(self) -> None:
         """Wait until every backend of the scheduler finished its queued work."""
