@@ -161,7 +161,7 @@ class BorrowedBuffer(Buffer):
         return False
 
     def clear(self, value: int = 0) -> None:
-        with self._tensor.ctx._lock:      # the owner frees under this lock
+        with self._tensor.ctx.lock:      # the owner frees under this lock
             super().clear(value)
 
 

@@ -131,7 +131,7 @@ class Context(Records):
         locks = sorted({id(c): c for c in [self, *others]}.values(), key=id)
         with contextlib.ExitStack() as stack:
             for c in locks:
-                stack.enter_context(c._lock)
+                stack.enter_context(c.lock)
                 if c._raw is None:
                     raise ClosedError("an operand's context is closed")
             with self._records():

@@ -95,7 +95,7 @@ class Graph(Placer, Computable):
             # another thread closing one waits until the graph is built (locks sorted by id,
             # the order compute and the op builders take them in)
             for c in sorted(contexts.values(), key=id):
-                stack.enter_context(c._lock)
+                stack.enter_context(c.lock)
             for t in outs:
                 t.ptr                        # ClosedError for a tensor of a closed context
             closed = [c for c in contexts.values() if c.closed]
@@ -355,7 +355,7 @@ class Graph(Placer, Computable):
         """What ``backend.compute(graph)`` runs: checks, allocation, then ggml's compute."""
         if len(self._contexts) == 1:
             ctx = self._contexts[0]
-            with backend._lock, ctx._lock:
+            with backend.lock, ctx.lock:
                 fast = self._fast
                 if (fast is not None and self._fast_checked_at == _handle.MEMORY_CHANGES
                         and not asynchronous and fast() is backend and not ctx.rewired):
@@ -369,9 +369,9 @@ class Graph(Placer, Computable):
         with contextlib.ExitStack() as stack:
             # the backend's lock, then its contexts' (sorted): a context closed by another
             # thread waits until this compute is done instead of freeing memory under it
-            stack.enter_context(backend._lock)
+            stack.enter_context(backend.lock)
             for c in sorted(self._contexts, key=id):
-                stack.enter_context(c._lock)
+                stack.enter_context(c.lock)
             self._compute_locked(backend, asynchronous)
 
     def _compute_locked(self, backend: "Backend", asynchronous: bool) -> None:

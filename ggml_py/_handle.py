@@ -145,7 +145,7 @@ class Owned:
         if self._close_under_parents and self._parents:
             with contextlib.ExitStack() as locks:
                 for p in self._parents:
-                    locks.enter_context(p._lock)
+                    locks.enter_context(p.lock)
                 with self._lock:
                     after = self._close_locked()
         else:

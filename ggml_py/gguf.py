@@ -172,7 +172,7 @@ class Metadata(Mapping[str, Any]):
             if key not in self._pending:
                 raise
         owner = self._owner
-        with owner._lock:           # close() takes it too: ggml's context stays while read
+        with owner.lock:           # close() takes it too: ggml's context stays while read
             if key in self._values:          # another thread read it meanwhile
                 return self._values[key]
             i, span = self._pending[key]

@@ -267,7 +267,7 @@ class Optimizer(Owned):
             self.ptr                  # refuse a closed optimizer
             with contextlib.ExitStack() as stack:
                 if dataset is not None:
-                    stack.enter_context(dataset._lock)   # not freed under the epoch
+                    stack.enter_context(dataset.lock)   # not freed under the epoch
                     dataset.ptr
                 self._sched.ensure_alive()
                 for p in (self.inputs, *self.params):
@@ -354,7 +354,7 @@ def gradients(loss: Tensor, params: Iterable[Tensor],
     # the checks of a compute, by the code that runs them for one (leaves need memory, every
     # buffer usable by the backend, every op supported, index inputs in range, servers alive)
     forward = Graph(loss)
-    with backend._lock:
+    with backend.lock:
         backend.ensure_alive()
         forward.prepare(backend, place=False)
         forward.check_indices()
