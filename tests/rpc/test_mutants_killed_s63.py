@@ -1,0 +1,40 @@
+"""Tests written against the survivors of the seed-63 mutation sample (docs/mutation.md,
+round 6): each fails when its mutant (tools/must_kill.txt) is applied and passes without."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import ggml_py as gg
+from support import ROOT, child_env
+
+
+def test_device_takes_a_key_or_a_type_not_both():
+    with pytest.raises(gg.InvalidArgument, match="not both"):
+        gg.device("CPU", type="cpu")
+    with pytest.raises(gg.InvalidArgument, match="not both"):
+        gg.device(0, type="gpu")
+
+
+def test_alloc_on_a_dead_rpc_server_raises_and_the_process_survives():
+    """Context.alloc asks whether the buffer type's RPC server is alive before ggml's client
+    allocates there (which would abort the process). In a fresh process: the dead server's
+    device stays registered with ggml for good."""
+    code = textwrap.dedent("""
+        import ggml_py as gg
+        srv = gg.rpc.serve(); (dev,) = gg.rpc.connect(srv.endpoint).devices
+        buft = dev.buffer_type
+        ctx = gg.Context()
+        ctx.tensor(gg.f32, (64,))
+        srv.kill()
+        try:
+            ctx.alloc(buft)
+        except ConnectionError as e:
+            print("raised", "gone" in str(e))
+        print("survived")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=child_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[:2] == ["raised True", "survived"], r.stdout
