@@ -3,11 +3,12 @@ round 6): each fails when its mutant (tools/must_kill.txt) is applied and passes
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
 import ggml_py as gg
-from support import ROOT, child_env
+from support import ROOT, child_env, needs_release
 
 
 def test_device_takes_a_key_or_a_type_not_both():
@@ -38,3 +39,31 @@ def test_alloc_on_a_dead_rpc_server_raises_and_the_process_survives():
                        timeout=120, cwd=ROOT, env=child_env())
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split("\n")[:2] == ["raised True", "survived"], r.stdout
+
+
+@needs_release("0.23.0", "events on RPC devices")
+def test_event_record_takes_a_backend(rpc_devs):
+    with rpc_devs[0].event() as ev:
+        with pytest.raises(gg.InvalidType, match="expected a Backend, not Device"):
+            ev.record(rpc_devs[0])
+
+
+def test_a_checked_op_waits_while_python_holds_the_context():
+    """Python holds the context's C mutex wherever it builds in or walks its chunks
+    (Context._records), so a checked op of another thread (helpers.c, the GIL released) waits
+    for it: ggml never sees two threads in one ggml_context."""
+    with gg.Context() as ctx:
+        if ctx.checked_state is None:
+            pytest.skip("no checked ops in this build (helpers.c)")
+        a = ctx.tensor(gg.f32, (8,))
+        built = threading.Event()
+
+        def other() -> None:
+            a + a
+            built.set()
+        th = threading.Thread(target=other)
+        with ctx._records():
+            th.start()
+            assert not built.wait(0.5)        # blocked on the mutex
+        th.join(30)
+        assert built.is_set()
