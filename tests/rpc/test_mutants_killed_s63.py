@@ -111,3 +111,21 @@ def test_gradients_free_their_graph_memory(cpu):
         for _ in range(10):
             opt.gradients(loss, [W], cpu_backend)
         assert _rss() - before < 48 * MiB
+
+
+def test_optimizer_outputs_need_one_row_per_input_row(cpu):
+    with cpu.backend() as be, gg.Context() as ctx:
+        x = ctx.tensor(gg.f32, (16, 2), "x")
+        x8 = ctx.tensor(gg.f32, (8, 2), "x8")
+        w = ctx.tensor(gg.f32, (3, 2), "w")
+        ctx.alloc(be)
+        w.set(np.ones((3, 2), np.float32))
+        with pytest.raises(gg.InvalidArgument, match=r"one row per input row \(16\)"):
+            opt.Optimizer(be, x, gg.mul_mat(w, x8), [w])
+
+
+def test_scheduler_needs_backends(cpu):
+    with pytest.raises(gg.InvalidType, match="needs a list of Backend objects"):
+        gg.Scheduler([])
+    with pytest.raises(gg.InvalidType, match="needs a list of Backend objects"):
+        gg.Scheduler([cpu])                     # a Device, not its backend
