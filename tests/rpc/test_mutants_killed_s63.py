@@ -129,3 +129,15 @@ def test_scheduler_needs_backends(cpu):
         gg.Scheduler([])
     with pytest.raises(gg.InvalidType, match="needs a list of Backend objects"):
         gg.Scheduler([cpu])                     # a Device, not its backend
+
+
+def test_copy_async_refuses_another_layout(cpu):
+    """Same type and shape, other strides: ggml asserts on it (the process would abort)."""
+    with cpu.backend() as be, gg.Context() as ctx:
+        a = ctx.tensor(gg.f32, (4, 8))
+        b = ctx.tensor(gg.f32, (8, 4))
+        ctx.alloc(be)
+        bt = b.T
+        assert bt.shape == a.shape and bt.type == a.type
+        with pytest.raises(gg.InvalidArgument, match="layouts differ"):
+            gg.copy_async(a, bt, be, be)
