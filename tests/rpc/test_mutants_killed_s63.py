@@ -141,3 +141,11 @@ def test_copy_async_refuses_another_layout(cpu):
         assert bt.shape == a.shape and bt.type == a.type
         with pytest.raises(gg.InvalidArgument, match="layouts differ"):
             gg.copy_async(a, bt, be, be)
+
+
+def test_conv_1d_refuses_a_transposed_kernel():
+    with gg.Context() as ctx:
+        kernel = gg.transpose(ctx.tensor(gg.f32, (2, 3, 4)))          # (2, 4, 3), strided
+        assert not kernel.is_contiguous
+        with pytest.raises(gg.InvalidArgument, match="kernel must be contiguous"):
+            gg.conv_1d(kernel, ctx.tensor(gg.f32, (1, 4, 16)))
