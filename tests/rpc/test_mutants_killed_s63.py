@@ -149,3 +149,9 @@ def test_conv_1d_refuses_a_transposed_kernel():
         assert not kernel.is_contiguous
         with pytest.raises(gg.InvalidArgument, match="kernel must be contiguous"):
             gg.conv_1d(kernel, ctx.tensor(gg.f32, (1, 4, 16)))
+
+
+def test_matmul_refuses_shapes_not_aligned():
+    with gg.Context() as ctx:
+        with pytest.raises(gg.InvalidArgument, match=r"not aligned \(3 != 4\)"):
+            gg.matmul(ctx.tensor(gg.f32, (2, 3)), ctx.tensor(gg.f32, (4, 5)))
