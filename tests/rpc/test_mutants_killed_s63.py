@@ -155,3 +155,29 @@ def test_matmul_refuses_shapes_not_aligned():
     with gg.Context() as ctx:
         with pytest.raises(gg.InvalidArgument, match=r"not aligned \(3 != 4\)"):
             gg.matmul(ctx.tensor(gg.f32, (2, 3)), ctx.tensor(gg.f32, (4, 5)))
+
+
+def _conv_1d_ref(k: np.ndarray, x: np.ndarray, stride: int, padding: int,
+                 dilation: int) -> np.ndarray:
+    """torch's conv1d (cross-correlation) in numpy: k (OC, IC, K), x (N, IC, L)."""
+    oc, _, kk = k.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (padding, padding)))
+    out_len = (xp.shape[2] - dilation * (kk - 1) - 1) // stride + 1
+    out = np.zeros((x.shape[0], oc, out_len), np.float64)
+    for j in range(out_len):
+        window = xp[:, :, j * stride: j * stride + dilation * (kk - 1) + 1: dilation]
+        out[:, :, j] = np.einsum("nik,oik->no", window, k)
+    return out
+
+
+def test_conv_1d_padding_and_dilation_are_where_torch_puts_them(cpu, rng):
+    k = rng.standard_normal((2, 3, 3)).astype(np.float32)
+    x = rng.standard_normal((1, 3, 12)).astype(np.float32)
+    with cpu.backend() as be, gg.Context() as ctx:
+        tk, tx = ctx.from_numpy(k), ctx.from_numpy(x)
+        ctx.alloc(be)
+        y = gg.conv_1d(tk, tx, stride=1, padding=1, dilation=2)
+        be.compute(gg.Graph(y))
+        want = _conv_1d_ref(k, x, 1, 1, 2)
+        assert y.shape == want.shape == (1, 2, 10)
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-2, atol=1e-2)
