@@ -181,3 +181,13 @@ def test_conv_1d_padding_and_dilation_are_where_torch_puts_them(cpu, rng):
         want = _conv_1d_ref(k, x, 1, 1, 2)
         assert y.shape == want.shape == (1, 2, 10)
         np.testing.assert_allclose(y.numpy(), want, rtol=1e-2, atol=1e-2)
+
+
+def test_argmax_refuses_a_view_of_every_other_row():
+    """Rows contiguous, the matrix not (CUDA's argmax asserts contiguity; the rule is the same
+    on every device)."""
+    with gg.Context() as ctx:
+        v = gg.view(ctx.tensor(gg.f32, (8, 8)), (4, 8), 0, (64, 4))     # rows 0, 2, 4, 6
+        assert not v.is_contiguous
+        with pytest.raises(gg.InvalidArgument, match="must be contiguous"):
+            gg.argmax(v)
