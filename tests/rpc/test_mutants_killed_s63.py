@@ -191,3 +191,16 @@ def test_argmax_refuses_a_view_of_every_other_row():
         assert not v.is_contiguous
         with pytest.raises(gg.InvalidArgument, match="must be contiguous"):
             gg.argmax(v)
+
+
+@pytest.mark.parametrize("widths", [[(0, -1), (0, 0)], [(-2, 0), (0, 0)], [(1, 2, 3), (0, 0)]])
+def test_pad_takes_non_negative_pairs(widths):
+    with gg.Context() as ctx:
+        with pytest.raises(gg.InvalidArgument, match="non-negative"):
+            gg.pad(ctx.tensor(gg.f32, (4, 8)), widths)
+
+
+def test_pad_takes_one_width_per_axis():
+    with gg.Context() as ctx:
+        with pytest.raises(gg.InvalidArgument, match="1 widths for 2 axes"):
+            gg.pad(ctx.tensor(gg.f32, (4, 8)), [(0, 2)])
