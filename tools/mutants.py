@@ -632,8 +632,8 @@ def _select(m: Mutant, tmap: dict[str, Any], cap: int) -> list[str]:
         f = t.split("::")[0].rsplit("/", 1)[-1]
         if f == "test_corpus.py":
             return 3             # its module fixture runs the whole corpus (~30 s): last
-        if f == "test_mutants_killed.py":
-            return -1            # written against the mutants: first, whatever the class
+        if f.startswith("test_mutants_killed"):
+            return -1            # written against the mutants (each sample's file): first
         if m.cls == "check" and f in REFUSAL_TESTS:
             return 0             # a removed rule: the refusal tests first
         return 1
