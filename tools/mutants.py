@@ -424,16 +424,66 @@ def _apply_named(name: str) -> None:
     try:
         apply(next(x for x in discover() if x.name == name))
     except BaseException as e:     # say so, rather than let a test fail as if killed
-        note = os.environ.get("GGML_PY_MUTANT_ANNOUNCE")
-        if note:
-            with open(note, "a") as f:
-                f.write(f"MUTANT NOT APPLIED: {type(e).__name__}: {e}\n")
-        os._exit(99)
+        _apply_named_failed(e)
+
+
+def mutated_module(m: Mutant) -> Any:
+    """The code of `m`'s whole module with the mutant written in: for a module that runs as
+    ``__main__`` (``python -m``), whose functions exist only once its code runs."""
+    from ggml_py._loader import ffi
+    builtins.__mutant_NULL__ = ffi.NULL    # type: ignore[attr-defined]
+    tree = ast.parse((ROOT / m.path).read_text())
+    ctypes = _ctypes()
+    aliases = _module_aliases(tree)
+    for qual, fn, _cls in _functions(tree):
+        if qual != m.qualname:
+            continue
+        for cls, key, node, extra in _sites(fn, aliases, ctypes):
+            if cls == m.cls and key == m.site:
+                _Mutator(node, cls, extra).visit(fn)     # in place: fn is a node of tree
+                return compile(ast.fix_missing_locations(tree), str(ROOT / m.path), "exec")
+        raise LookupError(f"{m.name}: site not found")
+    raise LookupError(f"{m.name}: function not found")
+
+
+def _hook_main(name: str, module: str) -> None:
+    """`python -m module`: runpy compiles the module's code itself (``loader.get_code``, not
+    ``exec_module``) and runs it as ``__main__``, so the import hook below never sees it. Hand
+    runpy the mutated code instead."""
+    import runpy
+    real = runpy._get_module_details          # type: ignore[attr-defined]
+
+    def details(mod_name: str, error: Any = ImportError) -> Any:
+        got, spec, code = real(mod_name, error)
+        if got == module:
+            try:
+                code = mutated_module(next(x for x in discover() if x.name == name))
+            except BaseException as e:
+                _apply_named_failed(e)
+            note = os.environ.get("GGML_PY_MUTANT_ANNOUNCE")
+            if note:
+                with open(note, "a") as f:
+                    f.write(f"{APPLIED}{name}\n")
+        return got, spec, code
+    runpy._get_module_details = details       # type: ignore[attr-defined]
+
+
+def _apply_named_failed(e: BaseException) -> None:
+    note = os.environ.get("GGML_PY_MUTANT_ANNOUNCE")
+    if note:
+        with open(note, "a") as f:
+            f.write(f"MUTANT NOT APPLIED: {type(e).__name__}: {e}\n")
+    os._exit(99)
 
 
 def install_hook(name: str) -> None:
-    """In a child process: apply mutant `name` once its module has been imported."""
+    """In a child process: apply mutant `name` once its module has been imported (or, run as
+    ``python -m`` that module, to the code runpy runs)."""
     module = name.split(":")[0]
+    argv = getattr(sys, "orig_argv", [])
+    if any(a == "-m" and b == module for a, b in zip(argv, argv[1:])):
+        _hook_main(name, module)
+        return
     if module in sys.modules:
         _apply_named(name)
         return

@@ -102,3 +102,21 @@ def test_must_kill_list_names_live_mutants(found):
     listed = [ln.strip() for ln in (ROOT / "tools" / "must_kill.txt").read_text().splitlines()
               if ln.strip() and not ln.startswith("#")]
     assert listed and not [n for n in listed if n not in names]
+
+
+def test_a_module_run_with_dash_m_gets_its_mutant(tmp_path):
+    """`python -m ggml_py.compare._worker` (compare's cell workers) runs the module as
+    `__main__` through runpy, which an import hook never sees: the tool hands runpy the mutated
+    code instead, and says so. Without that, every mutant of the worker survived untested."""
+    import subprocess
+    name = "ggml_py.compare._worker:ops_main:skip:ggml_abort#1"
+    assert name in {m.name for m in mutants.discover()}
+    mutants._write_site()
+    note = tmp_path / "announce"
+    env = dict(os.environ, GGML_PY_MUTANT=name, GGML_PY_MUTANT_ANNOUNCE=str(note),
+               GGML_PY_MUTANT_TOOL=str(ROOT / "tools" / "mutants.py"),
+               PYTHONPATH=os.pathsep.join([str(mutants.SITE), str(ROOT)]))
+    r = subprocess.run([sys.executable, "-m", "ggml_py.compare._worker", "no-such-mode"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert "unknown mode 'no-such-mode'" in r.stderr       # the module ran, as __main__
+    assert note.read_text().splitlines() == [mutants.APPLIED + name]
