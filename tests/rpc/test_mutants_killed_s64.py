@@ -97,3 +97,17 @@ def test_a_contiguous_view_of_a_split_result_on_a_meta_device(rpc_servers, rng):
     with md.backend() as be:
         got = run(be, w, lambda t: gg.view(gg.mul_mat(t["w"], t["x"]), (24,), 0))
     np.testing.assert_allclose(got, (w["x"] @ w["w"].T).reshape(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_out_prod_refuses_a_row_stride_shorter_than_a_row():
+    """A one-row view may keep a row stride shorter than its row (ggml_is_contiguous ignores
+    axes of length 1): the CPU kernel never reads it, cuBLAS rejects it as lda and ggml aborts
+    (CUDA). The rule holds on every backend, so a program that runs here runs there."""
+    with gg.Context() as ctx:
+        t = ctx.tensor(gg.f32, (8,))
+        b = ctx.tensor(gg.f32, (1, 3))
+        v = gg.view(t, (1, 8), 0, (4, 4))
+        assert v.nb[1] == 4 < 8 * 4
+        with pytest.raises(gg.InvalidArgument, match=r"a \(1, 8\) has a row stride of 4 bytes"):
+            gg.out_prod(v, b)
+        assert gg.out_prod(gg.cont(v), b).shape == (3, 8)
