@@ -111,3 +111,25 @@ def test_out_prod_refuses_a_row_stride_shorter_than_a_row():
         with pytest.raises(gg.InvalidArgument, match=r"a \(1, 8\) has a row stride of 4 bytes"):
             gg.out_prod(v, b)
         assert gg.out_prod(gg.cont(v), b).shape == (3, 8)
+
+
+def test_repeat_refuses_fewer_axes_than_its_operand():
+    """(1, 3) to (6,) tiles in ggml's four axes, but numpy refuses to drop an axis: so does
+    repeat, rather than return a 1-D result of a 2-D operand."""
+    with gg.Context() as ctx:
+        a = ctx.tensor(gg.f32, (1, 3))
+        with pytest.raises(gg.InvalidArgument, match=r"\(6,\) has fewer axes than \(1, 3\)"):
+            gg.repeat(a, (6,))
+        assert gg.repeat(a, (2, 6)).shape == (2, 6)
+
+
+def test_an_op_of_a_later_release_is_refused_with_the_release_that_added_it():
+    """ops._common.need is the one rule for ops that only later releases have (scale_bias,
+    fill, cumsum, top_k, pad_ext): with this build's release in the message."""
+    from ggml_py import BUILD
+    from ggml_py.ops import _common
+    with pytest.raises(gg.UnsupportedError,
+                       match=rf"frob is not in this ggml release \({BUILD['release']}\): "
+                             r"ggml_frob arrived in ggml a later release"):
+        _common.need("ggml_frob", "frob")
+    assert _common.need("ggml_add", "add") is not None
