@@ -289,24 +289,28 @@ class Graph(Placer, Computable):
         if not place:
             return
         if need_alloc:
-            buft = lib.ggml_backend_get_default_buffer_type(be)
-            key = _addr(buft)
-            alloc = self._allocs.get(key)
-            if not released:
-                # the allocator places every node without memory of a context, all at once:
-                # the ones it placed before too (placing only the new ones would let it
-                # reuse, or free in a reallocation, memory the older ones point into)
-                self._let_go(addrs, other)
-            if alloc is None:
-                raw = check_ptr(lib.ggml_gallocr_new(buft), "ggml_gallocr_new failed", OutOfMemory)
-                alloc = self._allocs[key] = Owned(
-                    raw, lib.ggml_gallocr_free, parents=(self.ctx,),
-                    guard=free_guard(lib.ggml_backend_buft_get_device(buft)))
-            if not lib.ggml_gallocr_alloc_graph(alloc.ptr, self.ptr):
-                raise OutOfMemory(f"compute: allocating the graph's nodes on {backend.name} "
-                                "failed (out of memory?)")
-            self._placed_data = self.placement()
+            self._allocate_nodes(backend, released, addrs, other)
         self._checked.add(backend)
+
+    def _allocate_nodes(self, backend: "Backend", released: bool, addrs: Any, other: Any) -> None:
+        """Place the nodes that have no memory with this graph's allocator for `backend`."""
+        buft = lib.ggml_backend_get_default_buffer_type(backend.ptr)
+        key = _addr(buft)
+        alloc = self._allocs.get(key)
+        if not released:
+            # the allocator places every node without memory of a context, all at once:
+            # the ones it placed before too (placing only the new ones would let it
+            # reuse, or free in a reallocation, memory the older ones point into)
+            self._let_go(addrs, other)
+        if alloc is None:
+            raw = check_ptr(lib.ggml_gallocr_new(buft), "ggml_gallocr_new failed", OutOfMemory)
+            alloc = self._allocs[key] = Owned(
+                raw, lib.ggml_gallocr_free, parents=(self.ctx,),
+                guard=free_guard(lib.ggml_backend_buft_get_device(buft)))
+        if not lib.ggml_gallocr_alloc_graph(alloc.ptr, self.ptr):
+            raise OutOfMemory(f"compute: allocating the graph's nodes on {backend.name} "
+                              "failed (out of memory?)")
+        self._placed_data = self.placement()
 
     def placement(self) -> Any:
         """Per node, the address an allocator or scheduler gave it (0 where its memory is a

@@ -177,37 +177,7 @@ class _Planner:
                                             "rows (numpy axis -1), which ggml does not implement")
             return ss[0].copy()
         if op == _op("MUL_MAT"):
-            a, b = ss[0], ss[1]
-            if a.axis == MIRRORED and b.axis == MIRRORED:
-                return State(MIRRORED)
-            if a.axis == 1 and b.axis == MIRRORED:
-                if a.n_seg > 1 or a.nr[0] != 1:
-                    raise self.fail(t, present, "multiplies a segmented (fused) weight: ggml "
-                                                "keeps one segment in the result, whose columns "
-                                                "then come out in device order (q0 k0 v0 q1 k1 "
-                                                "v1 instead of q0 q1 k0 k1 v0 v1), a wrong result "
-                                                "(docs/tensor-parallel.md)")
-                r = a.copy()
-                r.axis, r.nr, r.n_seg = 0, [1] + r.nr[1:], 1
-                return r
-            if b.axis == 1 and a.axis == MIRRORED:
-                return b.copy()
-            if a.axis == 0 and b.axis == 0:
-                if not self._equal(a, b):
-                    raise self.fail(t, present, "has its inner axis split differently in its "
-                                                "two sources")
-                return State(MIRRORED if sync else PARTIAL)
-            if a.axis == b.axis and a.axis in (2, 3):
-                if not self._equal(a, b):
-                    raise self.fail(t, present, "has batches split differently")
-                return a.copy()
-            if a.axis in (2, 3) and b.axis == MIRRORED:
-                return a.copy()
-            raise self.fail(t, present, "combines split states ggml's meta backend does not "
-                                        "implement ('unsupported mul_mat split states'); it "
-                                        "implements weight split on numpy axis -2 (columns: "
-                                        "output split) with a mirrored input, or both split "
-                                        "on the inner axis -1 (rows: partial sums)")
+            return self._rule_mul_mat(t, ss, present, sync)
         if op in (_op("CONT"), _op("RESHAPE")):
             return self._reshape(t, ss, present)
         if op == _op("CPY"):
@@ -216,8 +186,58 @@ class _Planner:
             return self._generic(t, ss, present, False)
         if op == _op("VIEW"):
             return self._view(t, ss, present)
+        if op in (_op("PERMUTE"), _op("TRANSPOSE")):
+            moved = self._rule_axes_moved(t, op, ss, present)
+            if moved is not None:
+                return moved
+        if op == _op("GET_ROWS"):
+            if ss[0].axis == 0 and ss[1].axis == MIRRORED:
+                return ss[0].copy()
+            return self._generic(t, ss, present, True)
+        if op == _op("CONCAT"):
+            return self._rule_concat(t, ss, present)
+        raise self.fail(t, present, "has split states ggml aborts on")
+
+    def _rule_mul_mat(self, t: Any, ss: list[State], present: list[tuple[Any, State]],
+                      sync: bool) -> State:
+        """ggml's rule for mul_mat: a weight split on columns, the inner axis or batches."""
+        a, b = ss[0], ss[1]
+        if a.axis == MIRRORED and b.axis == MIRRORED:
+            return State(MIRRORED)
+        if a.axis == 1 and b.axis == MIRRORED:
+            if a.n_seg > 1 or a.nr[0] != 1:
+                raise self.fail(t, present, "multiplies a segmented (fused) weight: ggml "
+                                            "keeps one segment in the result, whose columns "
+                                            "then come out in device order (q0 k0 v0 q1 k1 "
+                                            "v1 instead of q0 q1 k0 k1 v0 v1), a wrong result "
+                                            "(docs/tensor-parallel.md)")
+            r = a.copy()
+            r.axis, r.nr, r.n_seg = 0, [1] + r.nr[1:], 1
+            return r
+        if b.axis == 1 and a.axis == MIRRORED:
+            return b.copy()
+        if a.axis == 0 and b.axis == 0:
+            if not self._equal(a, b):
+                raise self.fail(t, present, "has its inner axis split differently in its "
+                                            "two sources")
+            return State(MIRRORED if sync else PARTIAL)
+        if a.axis == b.axis and a.axis in (2, 3):
+            if not self._equal(a, b):
+                raise self.fail(t, present, "has batches split differently")
+            return a.copy()
+        if a.axis in (2, 3) and b.axis == MIRRORED:
+            return a.copy()
+        raise self.fail(t, present, "combines split states ggml's meta backend does not "
+                                    "implement ('unsupported mul_mat split states'); it "
+                                    "implements weight split on numpy axis -2 (columns: "
+                                    "output split) with a mirrored input, or both split "
+                                    "on the inner axis -1 (rows: partial sums)")
+
+    def _rule_axes_moved(self, t: Any, op: int, ss: list[State],
+                         present: list[tuple[Any, State]]) -> State | None:
+        """ggml's rule for permute and transpose (the split axis moves); None where it has none."""
+        s0 = ss[0]
         if op == _op("PERMUTE"):
-            s0 = ss[0]
             if s0.split:
                 if not (s0.n_seg == 1 or s0.nr[0] == 1):
                     raise self.fail(t, present, "permutes a segmented split")
@@ -225,33 +245,30 @@ class _Planner:
                 return State(axis, [], [s0.nr[0]], 1)
             if s0.axis in (MIRRORED, PARTIAL):
                 return s0.copy()
-        if op == _op("TRANSPOSE"):
-            s0 = ss[0]
-            if s0.axis in (0, 1):
-                if not (s0.n_seg == 1 or s0.nr[0] == 1):
-                    raise self.fail(t, present, "transposes a segmented split")
-                return State(s0.axis ^ 1, [], [s0.nr[0]], 1)
-            if s0.axis in (2, 3, MIRRORED, PARTIAL):
-                return s0.copy()
-        if op == _op("GET_ROWS"):
-            if ss[0].axis == 0 and ss[1].axis == MIRRORED:
-                return ss[0].copy()
-            return self._generic(t, ss, present, True)
-        if op == _op("CONCAT"):
-            cax = int(ffi.cast("int32_t *", t.op_params)[0])
-            s0, s1 = ss[0], ss[1]
-            if s0.axis == MIRRORED and s1.split:
-                if cax == s1.axis:
-                    raise self.fail(t, present, "concatenates along the split axis")
-                return s1.copy()
-            if s1.axis == MIRRORED and s0.split:
-                if cax == s0.axis:
-                    raise self.fail(t, present, "concatenates along the split axis")
-                return s0.copy()
-            if s0.axis == s1.axis and s0.axis != cax:
-                return s0.copy()
-            return self._generic(t, ss, present, True)
-        raise self.fail(t, present, "has split states ggml aborts on")
+            return None
+        if s0.axis in (0, 1):
+            if not (s0.n_seg == 1 or s0.nr[0] == 1):
+                raise self.fail(t, present, "transposes a segmented split")
+            return State(s0.axis ^ 1, [], [s0.nr[0]], 1)
+        if s0.axis in (2, 3, MIRRORED, PARTIAL):
+            return s0.copy()
+        return None
+
+    def _rule_concat(self, t: Any, ss: list[State], present: list[tuple[Any, State]]) -> State:
+        """ggml's rule for concat: a split source passes unless the concat runs along its axis."""
+        cax = int(ffi.cast("int32_t *", t.op_params)[0])
+        s0, s1 = ss[0], ss[1]
+        if s0.axis == MIRRORED and s1.split:
+            if cax == s1.axis:
+                raise self.fail(t, present, "concatenates along the split axis")
+            return s1.copy()
+        if s1.axis == MIRRORED and s0.split:
+            if cax == s0.axis:
+                raise self.fail(t, present, "concatenates along the split axis")
+            return s0.copy()
+        if s0.axis == s1.axis and s0.axis != cax:
+            return s0.copy()
+        return self._generic(t, ss, present, True)
 
     def _reshape(self, t: Any, ss: list[State], present: list[tuple[Any, State]]) -> State:
         s0 = ss[0]

@@ -128,12 +128,11 @@ def _can_listen(host: str, port: int) -> str | None:
     return None
 
 
-def main(argv: list[str]) -> int:
-    from ._features import old_rpc_api
-    from ._loader import backend_fn, ffi, lib
-    from . import _backend, device
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, checked (argparse's exit 2 on a bad value); warns of a remote host."""
+    from . import _backend
     from .errors import InvalidArgument
-    from .rpc import OLD_RPC_ONE_DEVICE, WARNING, _is_loopback
+    from .rpc import WARNING, _is_loopback
 
     p = _parser(_backend.MAX_THREADS)
     args = p.parse_args(argv)
@@ -147,6 +146,38 @@ def main(argv: list[str]) -> int:
         if not args.allow_remote and args.parent is None:
             p.error(f"--host {args.host} is not loopback; add --allow-remote to expose the server")
         print("WARNING: " + WARNING.format(endpoint=f"{args.host}:{args.port}"), file=sys.stderr)
+    return args
+
+
+def _serve(start: Any, call_args: tuple[Any, ...], args: argparse.Namespace) -> int:
+    """Run ggml's server in a thread until it stops (status 1) or Ctrl-C ends the process."""
+    if args.parent is None:       # (serve()'s children print to nowhere: nothing to route)
+        import logging
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                            format="%(name)s: %(message)s")
+        _route_printf_output()
+    sys.stdout.flush()
+    # the C call releases the GIL and never returns while it serves
+    server = threading.Thread(target=start, daemon=True, args=call_args)
+    server.start()
+    try:
+        while server.is_alive():
+            server.join(0.5)
+    except KeyboardInterrupt:
+        sys.stderr.flush()
+        os._exit(130)          # quietly; ggml's server thread cannot be stopped otherwise
+    print(f"rpc-server: ggml's server stopped: it could not listen on {args.host}:{args.port}",
+          file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str]) -> int:
+    from ._features import old_rpc_api
+    from ._loader import backend_fn, ffi, lib
+    from . import device
+    from .rpc import OLD_RPC_ONE_DEVICE
+
+    args = _parse_args(argv)
     if args.parent:
         _watch_parent(args.parent)
     try:
@@ -182,21 +213,4 @@ def main(argv: list[str]) -> int:
     if start is None:
         print("rpc-server: this build has no RPC server", file=sys.stderr)
         return 1
-    if args.parent is None:       # (serve()'s children print to nowhere: nothing to route)
-        import logging
-        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                            format="%(name)s: %(message)s")
-        _route_printf_output()
-    sys.stdout.flush()
-    # the C call releases the GIL and never returns while it serves
-    server = threading.Thread(target=start, daemon=True, args=call_args)
-    server.start()
-    try:
-        while server.is_alive():
-            server.join(0.5)
-    except KeyboardInterrupt:
-        sys.stderr.flush()
-        os._exit(130)          # quietly; ggml's server thread cannot be stopped otherwise
-    print(f"rpc-server: ggml's server stopped: it could not listen on {args.host}:{args.port}",
-          file=sys.stderr)
-    return 1
+    return _serve(start, call_args, args)

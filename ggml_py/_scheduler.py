@@ -207,6 +207,10 @@ class Scheduler(Owned, Placer):
         self._n_tensor_copies = self._splits.split(graph.contexts, sources)
         self._node_data = graph.placement()      # where it placed each node
         self._checked_at = _handle.MEMORY_CHANGES
+        self._check_placed_backends(nodes)
+
+    def _check_placed_backends(self, nodes: list[Any]) -> None:
+        """Refuse a node ggml placed on a backend that cannot run its op or use its memory."""
         # a node that had memory before (another graph's allocation placed it) stays where it
         # is, and ggml runs it on the backend it was pinned to or chose, in place: that
         # backend must be able to use the memory (ggml does not check, and computes garbage)

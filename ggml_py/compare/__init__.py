@@ -116,6 +116,68 @@ def check_names(what: str, given: list[str] | None, valid: list[str]) -> None:
         raise CompareError(f"unknown {what}(s): {', '.join(unknown)}; valid: {', '.join(valid)}")
 
 
+def _probe_both(sa: Side, sb: Side, progress) -> tuple[dict, dict]:
+    """Build each side where missing, then read its API, runtime and identity in a probe."""
+    for s in (sa, sb):
+        build(s, progress)
+    progress(f"probing {sa.label}")
+    pa = probe(sa)
+    progress(f"probing {sb.label}")
+    pb = probe(sb)
+    from ._identity import identify
+    for p, s in ((pa, sa), (pb, sb)):
+        p["side"]["label"] = s.label
+        p["side"]["identity"] = identify(s.folder, list(p["api"]["functions"]))
+    return pa, pb
+
+
+def _matrix_axes(pa: dict, pb: dict, devices: list[str] | None, ops: list[str] | None,
+                 types: list[str] | None) -> tuple[list[str], list[str], list[str], list[str]]:
+    """The op matrix's devices, ops and types after the filters, and the devices both have."""
+    names_a = [d["name"] for d in pa["runtime"]["devices"]]
+    names_b = [d["name"] for d in pb["runtime"]["devices"]]
+    all_devs = names_a + [n for n in names_b if n not in names_a]
+    check_names("device", devices, all_devs)
+    devs = [d for d in all_devs if devices is None or d in devices]
+    op_names = [c.op for c in CASES if ops is None or c.op in ops]
+    type_names = [t for t in TYPES if types is None or t in types]
+    both = [d for d in devs if d in names_a and d in names_b]
+    return devs, op_names, type_names, both
+
+
+def _speed_table(sa: Side, sb: Side, both: list[str], op_names: list[str], measure: bool,
+                 rounds: int, threads: int, max_slowdown: float | None,
+                 progress) -> tuple[list[dict], dict]:
+    """The speed rows and their meta: the speed ops timed on the devices both sides have."""
+    rounds_a = rounds_b = []
+    speed_skipped = {"a": {}, "b": {}}
+    if measure and rounds > 0:
+        speed_ops = [c.op for c in CASES if c.speed and c.op in op_names]
+        if both and speed_ops:
+            rounds_a, rounds_b, speed_skipped = _speed(sa, sb, both, speed_ops, rounds, threads,
+                                                       progress)
+    speed_rows, speed_meta = _diff.speed(rounds_a, rounds_b, max_slowdown)
+    speed_meta["skipped"] = speed_skipped
+    speed_meta["cpu_threads"] = threads
+    return speed_rows, speed_meta
+
+
+def _backend_ops_report(sa: Side, sb: Side, pb: dict, mode: str | None, ops_filter: str | None,
+                        progress) -> dict | None:
+    """test-backend-ops run on both sides and joined, None unless both builds carry it."""
+    from . import _backend_ops
+    if not (_backend_ops.binary(sa) and _backend_ops.binary(sb)):
+        return None
+    local_gpu = [d for d in pb["runtime"]["devices"]
+                 if d["type"] != "cpu" and d.get("registry") != "RPC"]
+    mode = mode or ("test" if local_gpu else "support")
+    ba, bb = [], []
+    for s, acc in ((sa, ba), (sb, bb)):
+        progress(f"test-backend-ops {mode} on {s.label}")
+        acc += _backend_ops.run(s, mode, ops_filter, timeout=3600)
+    return {"mode": mode, **_backend_ops.join(ba, bb)}
+
+
 def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = None,
             backends: str | None = None, devices: list[str] | None = None,
             ops: list[str] | None = None, types: list[str] | None = None, speed: bool = True,
@@ -136,39 +198,14 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
     sa = resolve(a, backends=backends)
     sb = resolve(str(source), source=Path(source), backends=backends) if b is None \
         else resolve(b, backends=backends)
-    for s in (sa, sb):
-        build(s, progress)
-    progress(f"probing {sa.label}")
-    pa = probe(sa)
-    progress(f"probing {sb.label}")
-    pb = probe(sb)
-    from ._identity import identify
-    for p, s in ((pa, sa), (pb, sb)):
-        p["side"]["label"] = s.label
-        p["side"]["identity"] = identify(s.folder, list(p["api"]["functions"]))
+    pa, pb = _probe_both(sa, sb, progress)
 
-    names_a = [d["name"] for d in pa["runtime"]["devices"]]
-    names_b = [d["name"] for d in pb["runtime"]["devices"]]
-    all_devs = names_a + [n for n in names_b if n not in names_a]
-    check_names("device", devices, all_devs)
-    devs = [d for d in all_devs if devices is None or d in devices]
-    op_names = [c.op for c in CASES if ops is None or c.op in ops]
-    type_names = [t for t in TYPES if types is None or t in types]
+    devs, op_names, type_names, both = _matrix_axes(pa, pb, devices, ops, types)
     cells = _cells(devs, op_names, type_names) if op_names else []
     res_a = run_cells(sa, cells, progress) if cells else []
     res_b = run_cells(sb, cells, progress) if cells else []
-
-    rounds_a = rounds_b = []
-    speed_skipped = {"a": {}, "b": {}}
-    if speed and rounds > 0:
-        both = [d for d in devs if d in names_a and d in names_b]
-        speed_ops = [c.op for c in CASES if c.speed and c.op in op_names]
-        if both and speed_ops:
-            rounds_a, rounds_b, speed_skipped = _speed(sa, sb, both, speed_ops, rounds, threads,
-                                                       progress)
-    speed_rows, speed_meta = _diff.speed(rounds_a, rounds_b, max_slowdown)
-    speed_meta["skipped"] = speed_skipped
-    speed_meta["cpu_threads"] = threads
+    speed_rows, speed_meta = _speed_table(sa, sb, both, op_names, speed, rounds, threads,
+                                          max_slowdown, progress)
 
     runtime = _diff.runtime(pa["runtime"], pb["runtime"])
     runtime["rpc_cross"] = _cross(sa, sb, pa, pb, progress) if rpc_cross_check else None
@@ -189,18 +226,8 @@ def compare(a: str, b: str | None = None, *, source: str | os.PathLike | None = 
                                "against numpy within test-backend-ops' threshold; ggml_py's rule "
                                "for the cell asked separately (rule: allowed/refused)"},
         "speed": speed_rows, "speed_meta": speed_meta,
-        "backend_ops": None,
+        "backend_ops": _backend_ops_report(sa, sb, pb, backend_ops, backend_ops_filter, progress),
     }
-    from . import _backend_ops
-    if _backend_ops.binary(sa) and _backend_ops.binary(sb):
-        local_gpu = [d for d in pb["runtime"]["devices"]
-                     if d["type"] != "cpu" and d.get("registry") != "RPC"]
-        mode = backend_ops or ("test" if local_gpu else "support")
-        ba, bb = [], []
-        for s, acc in ((sa, ba), (sb, bb)):
-            progress(f"test-backend-ops {mode} on {s.label}")
-            acc += _backend_ops.run(s, mode, backend_ops_filter, timeout=3600)
-        report["backend_ops"] = {"mode": mode, **_backend_ops.join(ba, bb)}
     report["verdict"] = _verdict.verdict(report)
     report["regressions"] = _verdict.regressions(report["verdict"])
     progress.done()
@@ -236,7 +263,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def parse_args(argv) -> argparse.Namespace:
+def _parser() -> _Parser:
+    """The command line of ``python -m ggml_py compare``: sides, output, filters, speed."""
     p = _Parser(prog="python -m ggml_py compare",
                                 description=__doc__.split("\n\n")[0].strip("`: "),
                                 epilog=__doc__.split("\n\n", 1)[1],
@@ -265,6 +293,11 @@ def parse_args(argv) -> argparse.Namespace:
                    "have it (--with-tests): test or support (default: test with a GPU, else support)")
     p.add_argument("--backend-ops-filter", metavar="OPS", help="test-backend-ops -o filter")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    return p
+
+
+def parse_args(argv) -> argparse.Namespace:
+    p = _parser()
     args = p.parse_args(argv)
     for name, value, low in (("--threads", args.threads, 1), ("--rounds", args.rounds, 0)):
         if value < low:

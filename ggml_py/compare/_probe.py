@@ -14,12 +14,12 @@ import re
 import sys
 
 
-def api(ffi, lib, info: dict, folder) -> dict:
+def _enums(ffi, folder, typedefs) -> tuple[dict, set]:
+    """The enums the bindings know (named in cdef.h or a typedef) and their members' names."""
     enum_names: set[str] = set()
     cdef = folder / "cdef.h"
     if cdef.exists():
         enum_names.update(f"enum {n}" for n in re.findall(r"\benum\s+(\w+)", cdef.read_text()))
-    typedefs, structs, unions = ffi.list_types()
     for name in typedefs:
         try:
             if ffi.typeof(name).kind == "enum":
@@ -38,7 +38,11 @@ def api(ffi, lib, info: dict, folder) -> dict:
         vals = {k: int(v) for k, v in sorted(ct.relements.items(), key=lambda kv: kv[1])}
         enums[ct.cname] = vals
         members.update(vals)
+    return enums, members
 
+
+def _functions_and_constants(ffi, lib, members: set) -> tuple[dict, dict]:
+    """The library's functions (signatures) and integer constants that are no enum member."""
     functions, constants = {}, {}
     for name in dir(lib):
         try:
@@ -59,7 +63,11 @@ def api(ffi, lib, info: dict, folder) -> dict:
             continue
         functions[name] = {"result": ct.result.cname, "args": [a.cname for a in ct.args],
                            "variadic": bool(ct.ellipsis)}
+    return functions, constants
 
+
+def _layouts(ffi, structs, unions) -> dict:
+    """Every struct's and union's size, alignment and fields, or opaque where incomplete."""
     layouts = {}
     for kind, names in (("struct", structs), ("union", unions)):
         for name in names:
@@ -79,8 +87,16 @@ def api(ffi, lib, info: dict, folder) -> dict:
                 "fields": [{"name": n, "type": f.type.cname, "offset": f.offset,
                             "bits": f.bitsize if f.bitsize >= 0 else None}
                            for n, f in fields]}
+    return layouts
+
+
+def api(ffi, lib, info: dict, folder) -> dict:
+    typedefs, structs, unions = ffi.list_types()
+    enums, members = _enums(ffi, folder, typedefs)
+    functions, constants = _functions_and_constants(ffi, lib, members)
     return {"layout_source": "compiler" if info.get("bindings") == "api" else "cdef",
-            "functions": functions, "structs": layouts, "enums": enums, "constants": constants}
+            "functions": functions, "structs": _layouts(ffi, structs, unions), "enums": enums,
+            "constants": constants}
 
 
 def _caps(ffi, lib, dev_ptr) -> dict:

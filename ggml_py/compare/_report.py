@@ -135,6 +135,7 @@ def _struct_line(s: dict) -> str:
 
 
 def markdown(rep: dict) -> str:
+    """The report as markdown: sides, what breaks, API, runtime, ops, speed, test-backend-ops."""
     a, b = rep["a"], rep["b"]
     L = [f"# ggml {a['version']} vs {b['version']}", "",
          f"- **A**: {_side(a)}", f"- **B**: {_side(b)}",
@@ -143,11 +144,25 @@ def markdown(rep: dict) -> str:
         if identity_line(s):
             L.insert(4, f"- **{k} identity**: {identity_line(s)}")
     L += verdict_markdown(rep)
-    api = rep["api"]
+    L += _api_markdown(rep["api"])
+    L += _runtime_markdown(rep["runtime"])
+    L += _ops_markdown(rep)
+    L += _speed_markdown(rep)
+    if rep.get("backend_ops"):
+        bo = rep["backend_ops"]
+        L += ["", "## test-backend-ops", "", str(bo.get("summary", bo.get("note")))]
+        for k in ("appeared", "vanished", "started_passing", "stopped_passing"):
+            if bo.get(k):
+                L.append(f"\n{k.replace('_', ' ')}: " + ", ".join(f"`{x}`" for x in bo[k][:50]))
+    return "\n".join(L) + "\n"
+
+
+def _api_markdown(api: dict) -> list[str]:
+    """The API section: functions added, removed and changed, then structs, enums, constants."""
     f = api["functions"]
-    L += ["", "## API", "",
-          f"Functions: {f['count']['a']} -> {f['count']['b']} (layouts from the "
-          f"{' / '.join(sorted(set(api['layout_source'])))}).", ""]
+    L = ["", "## API", "",
+         f"Functions: {f['count']['a']} -> {f['count']['b']} (layouts from the "
+         f"{' / '.join(sorted(set(api['layout_source'])))}).", ""]
     if f["added"]:
         L += ["Added: " + ", ".join(f"`{n}`" for n in f["added"]), ""]
     if f["removed"]:
@@ -161,11 +176,16 @@ def markdown(rep: dict) -> str:
     if st["added"] or st["removed"]:
         L += [f"Added: {', '.join(st['added']) or '-'}; removed: {', '.join(st['removed']) or '-'}", ""]
     L += ([f"- `{s['name']}`: {_struct_line(s)}" for s in st["changed"]] or ["No layout changed."])
-    L += ["", "### Enums", ""]
-    if api["enums"]["added"] or api["enums"]["removed"]:
-        L += [f"Added: {', '.join(api['enums']['added']) or '-'}; removed: "
-              f"{', '.join(api['enums']['removed']) or '-'}", ""]
-    for e in api["enums"]["changed"]:
+    return L + _enums_markdown(api["enums"]) + _constants_markdown(api["constants"])
+
+
+def _enums_markdown(enums: dict) -> list[str]:
+    """The enums subsection: enums added or removed, and per changed enum its values' moves."""
+    L = ["", "### Enums", ""]
+    if enums["added"] or enums["removed"]:
+        L += [f"Added: {', '.join(enums['added']) or '-'}; removed: "
+              f"{', '.join(enums['removed']) or '-'}", ""]
+    for e in enums["changed"]:
         parts = []
         if e["added"]:
             parts.append("added " + ", ".join(f"`{k}`={v}" for k, v in e["added"].items()))
@@ -174,20 +194,28 @@ def markdown(rep: dict) -> str:
         if e["moved"]:
             parts.append("**moved** " + ", ".join(f"`{k}` {v[0]}->{v[1]}" for k, v in e["moved"].items()))
         L.append(f"- `{e['name']}`: " + "; ".join(parts))
-    if not api["enums"]["changed"]:
+    if not enums["changed"]:
         L.append("No enum changed.")
-    c = api["constants"]
-    L += ["", "### Integer constants", ""]
+    return L
+
+
+def _constants_markdown(c: dict) -> list[str]:
+    """The integer constants subsection: a table of those added, removed or changed."""
+    L = ["", "### Integer constants", ""]
     rows = ([(k, "-", v) for k, v in c["added"].items()] + [(k, v, "-") for k, v in c["removed"].items()]
             + [(k, v[0], v[1]) for k, v in c["changed"].items()])
     if rows:
         L += ["| constant | A | B |", "|---|---|---|"] + [f"| `{k}` | {x} | {y} |" for k, x, y in rows]
     else:
         L.append("No constant changed.")
-    rt = rep["runtime"]
-    L += ["", "## Runtime", "",
-          f"RPC protocol: {rt['rpc_protocol'][0]} -> {rt['rpc_protocol'][1]}", "",
-          "| device | type | caps A | caps B | buffer types (alignment) B |", "|---|---|---|---|---|"]
+    return L
+
+
+def _runtime_markdown(rt: dict) -> list[str]:
+    """The runtime section: RPC protocol, B's devices beside A's, optional entry points."""
+    L = ["", "## Runtime", "",
+         f"RPC protocol: {rt['rpc_protocol'][0]} -> {rt['rpc_protocol'][1]}", "",
+         "| device | type | caps A | caps B | buffer types (alignment) B |", "|---|---|---|---|---|"]
     da = {d["name"]: d for d in rt["a"]["devices"]}
     for d in rt["b"]["devices"]:
         x = da.get(d["name"], {})
@@ -203,14 +231,19 @@ def markdown(rep: dict) -> str:
               "address; listed when either side has them):", "",
               "| entry point | A | B |", "|---|---|---|"]
         L += [f"| `{k}` | {yn(v[0])} | {yn(v[1])} |" for k, v in ext.items()]
-    L += ["", "## Ops", "",
-          f"{len(rep['ops'])} cells (op x type x device). Each cell is built with ggml's own "
-          "calls, without ggml_py's rules (the calls ggml_py makes for f32 operands, recorded "
-          "and replayed on the cell's types), and run in a crash-isolated worker with the same "
-          "seeded inputs on both sides: *computes, matches* (NMSE against numpy within "
-          "test-backend-ops' threshold), *computes wrong*, *aborts* (signal and ggml's message), "
-          "*unsupported* (the device says so), *hangs*. ggml_py's own rule for the cell is the "
-          "last column. Cells that cannot exist (a shape no block size divides) are left out.", ""]
+    return L
+
+
+def _ops_markdown(rep: dict) -> list[str]:
+    """The ops section: how cells run, rule disagreements, a row per cell (over 40 same folded)."""
+    L = ["", "## Ops", "",
+         f"{len(rep['ops'])} cells (op x type x device). Each cell is built with ggml's own "
+         "calls, without ggml_py's rules (the calls ggml_py makes for f32 operands, recorded "
+         "and replayed on the cell's types), and run in a crash-isolated worker with the same "
+         "seeded inputs on both sides: *computes, matches* (NMSE against numpy within "
+         "test-backend-ops' threshold), *computes wrong*, *aborts* (signal and ggml's message), "
+         "*unsupported* (the device says so), *hangs*. ggml_py's own rule for the cell is the "
+         "last column. Cells that cannot exist (a shape no block size divides) are left out.", ""]
     L += rules_markdown(rep)
     L += ["| verdict | device | op | type | A | B | NMSE A | NMSE B | A vs B | ggml_py rule A / B |",
           "|---|---|---|---|---|---|---|---|---|---|"]
@@ -228,8 +261,13 @@ def markdown(rep: dict) -> str:
         L += ["", f"<details><summary>{n_same} cells the same on both sides</summary>", "",
               ", ".join(f"{r['device']} {r['op']} {r['type']} ({MEANING.get(r['b']['status'])})"
                         for r in rows if r["verdict"] == "same"), "", "</details>"]
+    return L
+
+
+def _speed_markdown(rep: dict) -> list[str]:
+    """The speed section: how rows are measured and flagged, then a row per (device, op)."""
     sm = rep["speed_meta"]
-    L += ["", "## Speed", ""]
+    L = ["", "## Speed", ""]
     if rep["speed"]:
         L += [f"Median of {sm['rounds']} rounds per side, rounds alternating A and B. Noise "
               f"(relative spread of a row's rounds): median {sm['noise_median'] * 100:.1f}%, max "
@@ -242,13 +280,7 @@ def markdown(rep: dict) -> str:
               + f" | {r['noise'] * 100:.0f}% | {r['flag'] or ''} |" for r in rep["speed"]]
     else:
         L.append("Not measured.")
-    if rep.get("backend_ops"):
-        bo = rep["backend_ops"]
-        L += ["", "## test-backend-ops", "", str(bo.get("summary", bo.get("note")))]
-        for k in ("appeared", "vanished", "started_passing", "stopped_passing"):
-            if bo.get(k):
-                L.append(f"\n{k.replace('_', ' ')}: " + ", ".join(f"`{x}`" for x in bo[k][:50]))
-    return "\n".join(L) + "\n"
+    return L
 
 
 def rules_markdown(rep: dict) -> list[str]:

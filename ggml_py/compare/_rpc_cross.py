@@ -16,13 +16,44 @@ import json
 import sys
 
 
-def main(server_folder: str) -> int:
+def _ggml_client_devices(ep: str) -> list:
+    """The devices ggml's own client gets from the server at `ep` (ggml_py's check bypassed)."""
+    from ggml_py._features import old_rpc_api
+    from ggml_py._loader import backend_fn, ffi, lib
+    if old_rpc_api():
+        add = backend_fn("ggml_backend_rpc_add_device", "ggml_backend_dev_t (*)(const char *)")
+        dev_ptr = add(ep.encode())
+        return [] if dev_ptr == ffi.NULL else [dev_ptr]
+    add = backend_fn("ggml_backend_rpc_add_server", "ggml_backend_reg_t (*)(const char *)")
+    reg = add(ep.encode())
+    return [] if reg == ffi.NULL else [lib.ggml_backend_reg_dev_get(reg, i) for i in
+                                       range(int(lib.ggml_backend_reg_dev_count(reg)))]
+
+
+def _computes_an_add(dev_ptr) -> bool:
+    """Whether the device `dev_ptr`, reached through ggml's client, computes an add right."""
     import numpy as np
 
     import ggml_py as gg
     from ggml_py._device import Device
-    from ggml_py._features import old_rpc_api
-    from ggml_py._loader import backend_fn, ffi, lib
+    dev = Device._of(dev_ptr)
+    be = dev.backend()
+    x = np.arange(64, dtype=np.float32)
+    with gg.Context() as ctx:
+        a = ctx.tensor(gg.f32, (64,))
+        b = ctx.tensor(gg.f32, (64,))
+        c = gg.add(a, b)
+        ctx.alloc(be)
+        a.set(x)
+        b.set(2 * x)
+        be.compute(gg.Graph(c))
+        got = c.numpy(copy=True)
+    be.close()
+    return bool(np.array_equal(got, 3 * x))
+
+
+def main(server_folder: str) -> int:
+    import ggml_py as gg
 
     def stage(name: str) -> None:
         print(f"stage {name}", flush=True)
@@ -41,34 +72,13 @@ def main(server_folder: str) -> int:
         print("hello " + json.dumps({k: v for k, v in out.items() if k.startswith("hello")}),
               flush=True)
         stage("ggml client connects")
-        if old_rpc_api():
-            add = backend_fn("ggml_backend_rpc_add_device", "ggml_backend_dev_t (*)(const char *)")
-            dev_ptr = add(ep.encode())
-            devs = [] if dev_ptr == ffi.NULL else [dev_ptr]
-        else:
-            add = backend_fn("ggml_backend_rpc_add_server", "ggml_backend_reg_t (*)(const char *)")
-            reg = add(ep.encode())
-            devs = [] if reg == ffi.NULL else [lib.ggml_backend_reg_dev_get(reg, i) for i in
-                                               range(int(lib.ggml_backend_reg_dev_count(reg)))]
+        devs = _ggml_client_devices(ep)
         out["devices"] = len(devs)
         if not devs:
             out["error"] = "ggml's client got no device from the server"
             return _done(out, srv)
         stage("ggml client computes")
-        dev = Device._of(devs[0])
-        be = dev.backend()
-        x = np.arange(64, dtype=np.float32)
-        with gg.Context() as ctx:
-            a = ctx.tensor(gg.f32, (64,))
-            b = ctx.tensor(gg.f32, (64,))
-            c = gg.add(a, b)
-            ctx.alloc(be)
-            a.set(x)
-            b.set(2 * x)
-            be.compute(gg.Graph(c))
-            got = c.numpy(copy=True)
-        be.close()
-        out["talks"] = bool(np.array_equal(got, 3 * x))
+        out["talks"] = _computes_an_add(devs[0])
         if not out["talks"]:
             out["error"] = "the add computed over RPC gave wrong numbers"
         return _done(out, srv)

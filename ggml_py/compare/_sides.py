@@ -155,6 +155,37 @@ def _tail(path: Path, n: int = 3) -> str:
     return " | ".join(lines[-n:])[-600:]
 
 
+def _follow_worker(proc: subprocess.Popen, cells: list, side: Side, progress, results: list,
+                   cell_timeout: float) -> tuple[int | None, bool, str | None, dict]:
+    """Read a worker's lines into `results` until it ends or a cell outlasts `cell_timeout`."""
+    q: queue.Queue = queue.Queue()
+    threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
+    current, timed_out, stage, rule = None, False, None, {}
+    while True:
+        try:
+            line = q.get(timeout=cell_timeout)
+        except queue.Empty:
+            timed_out = True
+            _kill(proc)
+            break
+        if line is None:
+            break
+        if line.startswith("stage "):
+            stage = line[6:].split(" ")[0]
+        elif line.startswith("rule "):
+            rule = json.loads(line[5:])
+        elif line.startswith("> "):
+            current = int(line[2:])
+            stage, rule = None, {}
+            d, op, ty = cells[current]
+            progress(f"ops {side.label}: {current + 1}/{len(cells)} {d} {op} {ty}")
+        elif line.startswith("= "):
+            i, _, payload = line[2:].partition(" ")
+            results[int(i)] = json.loads(payload)
+            current = None
+    return current, timed_out, stage, rule
+
+
 def run_cells(side: Side, cells: list, progress, cell_timeout: float = 120) -> list[dict]:
     """Run every cell in a worker of `side`; a cell that kills its worker is recorded as a
     crash (with the last lines the process wrote) and a new worker takes the next cell."""
@@ -170,31 +201,8 @@ def run_cells(side: Side, cells: list, progress, cell_timeout: float = 120) -> l
                     [sys.executable, "-m", "ggml_py.compare._worker", "ops", str(cells_path),
                      str(start)], env=dict(child_env(side), GGML_PY_NO_CHECKED="1"), stdout=subprocess.PIPE, stderr=err,
                     text=True, start_new_session=True)
-            q: queue.Queue = queue.Queue()
-            threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
-            current, timed_out, stage, rule = None, False, None, {}
-            while True:
-                try:
-                    line = q.get(timeout=cell_timeout)
-                except queue.Empty:
-                    timed_out = True
-                    _kill(proc)
-                    break
-                if line is None:
-                    break
-                if line.startswith("stage "):
-                    stage = line[6:].split(" ")[0]
-                elif line.startswith("rule "):
-                    rule = json.loads(line[5:])
-                elif line.startswith("> "):
-                    current = int(line[2:])
-                    stage, rule = None, {}
-                    d, op, ty = cells[current]
-                    progress(f"ops {side.label}: {current + 1}/{len(cells)} {d} {op} {ty}")
-                elif line.startswith("= "):
-                    i, _, payload = line[2:].partition(" ")
-                    results[int(i)] = json.loads(payload)
-                    current = None
+            current, timed_out, stage, rule = _follow_worker(proc, cells, side, progress,
+                                                             results, cell_timeout)
             proc.wait()
             restarts += 1
             if current is not None:
