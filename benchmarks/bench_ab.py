@@ -71,10 +71,14 @@ for name, f in (("chain2000", chain), ("mixed900", mixed), ("graph1000", graph),
 """
 
 
-def run(side: Path) -> dict[str, float]:
+# import time alone: a process costs about as much as one import, so each round adds a few
+IMPORT_PROBE = PROBE.split("def best_of")[0] + 'print("import", imported)\n'
+
+
+def run(side: Path, probe: str = PROBE) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(side))
     env.pop("PYTHONDONTWRITEBYTECODE", None)      # imports with bytecode caches, as installed
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
                          check=True, cwd="/")
     return {k: float(v) for k, v in (ln.split() for ln in out.stdout.splitlines())}
 
@@ -83,6 +87,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("base", type=Path, help="the other checkout (e.g. a git worktree)")
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--imports", type=int, default=5, help="import-only processes per side and round")
     a = p.parse_args()
     if "GGML_PY_BUILD" not in os.environ:
         builds = sorted((HERE / "ggml_py" / "lib").glob("ggml-*"))
@@ -93,13 +98,15 @@ def main() -> None:
         run(s)
     best: dict[str, dict[str, float]] = {k: {} for k in sides}
     for r in range(a.rounds):
-        for k, s in sides.items():
-            for name, v in run(s).items():
-                best[k][name] = min(best[k].get(name, float("inf")), v)
+        order = list(sides.items())
+        for k, s in order if r % 2 else order[::-1]:       # who goes first alternates
+            for probe in [PROBE] + [IMPORT_PROBE] * a.imports:
+                for name, v in run(s, probe).items():
+                    best[k][name] = min(best[k].get(name, float("inf")), v)
         print(f"round {r + 1}/{a.rounds} done", flush=True)
     rev = {k: subprocess.run(["git", "-C", str(s), "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True).stdout.strip() for k, s in sides.items()}
-    print(f"\nbest of {a.rounds} rounds, base {rev['base']} vs this {rev['this']} "
+    print(f"\nbest of {a.rounds} rounds ({1 + a.imports} imports each), base {rev['base']} vs this {rev['this']} "
           f"(build {os.environ.get('GGML_PY_BUILD', '?')})")
     for name in best["this"]:
         b, t = best["base"][name], best["this"][name]
