@@ -36,6 +36,9 @@ CONTEXT_RESET = _has("ggml_reset")
 TOP_K_OP = _has("GGML_OP_TOP_K")
 #: ``ggml_opt_init``: ggml-opt, the training loop
 OPT = _has("ggml_opt_init")
+#: ``ggml_backend_meta_device``: a device made of other devices' slices (tensor parallelism);
+#: ggml_py offers it from the release its checks were written against (``_meta.CHECKED_FROM``)
+META_DEVICE = _has("ggml_backend_meta_device")
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,4 +54,4 @@ def old_rpc_api() -> bool:
 
 
 __all__ = ["VERSION_STRING", "COMMIT_STRING", "GGUF_FROM_BUFFER", "GGUF_TENSOR_NE", "LOG_GET",
-           "CONTEXT_RESET", "TOP_K_OP", "OPT", "old_rpc_api"]
+           "CONTEXT_RESET", "TOP_K_OP", "OPT", "META_DEVICE", "old_rpc_api"]

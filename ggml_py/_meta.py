@@ -28,7 +28,7 @@ import threading
 import weakref
 from typing import Any, Iterator, Mapping, Sequence
 
-from . import _handle
+from . import _features, _handle
 from ._backend import Backend
 from ._device import BufferType, Device
 from ._rpc_liveness import compose, ensure_alive
@@ -48,7 +48,7 @@ CHECKED_FROM = "0.26.0"
 
 
 def available() -> bool:
-    return hasattr(lib, "ggml_backend_meta_device")
+    return _features.META_DEVICE
 
 
 def _release(v: str) -> tuple[int, ...] | None:

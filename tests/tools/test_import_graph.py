@@ -171,3 +171,36 @@ def test_imports_in_functions_are_no_circle(tmp_path, src):
     g = import_graph(pkg)
     assert g["ggml_py.b"]["ggml_py.a"] == {FUNCTION}
     assert find_cycle(g, {MODULE, TYPE_CHECKING}) is None
+
+
+def _feature_gates(tree: ast.AST) -> list[tuple[int, str]]:
+    """`hasattr(lib, "name")` and `getattr(lib, "name", None)`: asking whether the release has a
+    named function or constant (a lookup of a name built at run time is dispatch, and a
+    constant read with a default value is a value, not a gate)."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("hasattr", "getattr") and len(node.args) >= 2):
+            continue
+        obj, name = node.args[0], node.args[1]
+        if not (isinstance(obj, ast.Name) and obj.id == "lib" and isinstance(name, ast.Constant)):
+            continue
+        default = node.args[2] if len(node.args) > 2 else None
+        if node.func.id == "hasattr" or (isinstance(default, ast.Constant) and default.value is None):
+            found.append((node.lineno, name.value))
+    return found
+
+
+def test_feature_gates_live_in_the_features_table():
+    """What a release offers is read in one place (ggml_py/_features.py, and the loader that
+    fills `lib`); every other module asks that table."""
+    assert _feature_gates(ast.parse("hasattr(lib, 'ggml_x')\ngetattr(lib, 'Y', None)\n"
+                                    "getattr(lib, f'ggml_{n}')\ngetattr(lib, 'Z', 16)\n")) \
+        == [(1, "ggml_x"), (2, "Y")]
+    where = {}
+    for path in sorted(PKG.rglob("*.py")):
+        if "lib" in path.relative_to(PKG).parts[:-1] or path.name in ("_features.py", "_loader.py"):
+            continue
+        for line, name in _feature_gates(ast.parse(path.read_text())):
+            where[f"{module_name(path)}:{line}"] = name
+    assert not where, f"ask ggml_py._features instead: {where}"
