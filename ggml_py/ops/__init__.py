@@ -16,7 +16,8 @@ or the destination of cpy/set_rows) and keeps that context alive.
 from __future__ import annotations
 
 from .conv import conv_1d, conv_2d, im2col, pool_2d
-from .elementwise import (UNARY, abs, add, cos, div, elu, exp, fill, gelu, gelu_quick,
+# the unary functions are in __all__ through *UNARY
+from .elementwise import (UNARY, abs, add, cos, div, elu, exp, fill, gelu, gelu_quick,  # noqa: F401
                           hardsigmoid, hardswish, log, mul, neg, relu, scale, scale_bias, sgn,
                           sigmoid, silu, sin, sqr, sqrt, step, sub, tanh)
 from .index import get_rows, set_rows
@@ -34,10 +35,6 @@ __all__ = [
     "rope_ext", "ROPE_NORMAL", "ROPE_NEOX", "flash_attn_ext", "im2col", "conv_1d", "conv_2d",
     "pool_2d",
 ]
-
-
-_ = (abs, cos, elu, exp, gelu, gelu_quick, hardsigmoid, hardswish, log, neg, relu, sgn, sigmoid,
-     silu, sin, sqr, sqrt, step, tanh)
 
 
 def __dir__() -> list[str]:       # dir() and help() show the module's API only

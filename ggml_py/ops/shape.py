@@ -9,7 +9,7 @@ from typing import Any
 from .._loader import lib
 from .._tensor_base import TensorBase, shape_of
 from .._types import GGMLType
-from ..errors import InvalidArgument, InvalidType, UnsupportedError, require
+from ..errors import InvalidType, require
 from ._common import (Tensor, CHECKED_OPS, FLOAT, MAX_DIMS, build, contiguous, cpu_mask, cpu_type,
                       index_of, need, prod, rows, rule, tensor)
 
@@ -246,4 +246,3 @@ def pad(a: Tensor, widths: Any) -> Tensor:
 
 
 __all__ = ["reshape", "view", "permute", "transpose", "cont", "cpy", "repeat", "concat", "pad"]
-_ = (InvalidArgument, UnsupportedError)
