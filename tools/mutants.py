@@ -315,12 +315,11 @@ def _live(module: Any, qualname: str) -> Any:
     return obj
 
 
-def apply(m: Mutant) -> None:
-    """Put mutant `m` into the live, imported package (the current process only)."""
-    import importlib
+def _mutated_function(m: Mutant) -> tuple[ast.Module, Any, str | None]:
+    """Parse `m`'s module and write the mutant into its function, in place: (the module's
+    tree, the function's node, its class name)."""
     from ggml_py._loader import ffi
     builtins.__mutant_NULL__ = ffi.NULL    # type: ignore[attr-defined]
-    module = importlib.import_module(m.module)
     tree = ast.parse((ROOT / m.path).read_text())
     ctypes = _ctypes()
     aliases = _module_aliases(tree)
@@ -329,34 +328,38 @@ def apply(m: Mutant) -> None:
             continue
         for cls, key, node, extra in _sites(fn, aliases, ctypes):
             if cls == m.cls and key == m.site:
-                break
-        else:
-            raise LookupError(f"{m.name}: site not found")
-        fn = _Mutator(node, cls, extra).visit(fn)
-        fn.decorator_list = []
-        target = _live(module, m.qualname)
-        free = target.__code__.co_freevars
-        body = [ast.Assign([ast.Name(v, ast.Store())], ast.Constant(None)) for v in free if v != "__class__"]
-        if free:    # keep every free variable free, in the same order
-            fn.body.insert(0, ast.If(ast.Constant(0), [ast.Expr(ast.Tuple(
-                [ast.Name(v, ast.Load()) for v in free], ast.Load()))], []))
-        holder = ast.ClassDef(clsname or "_M", [], [], [fn], [])
-        body.append(holder)
-        body.append(ast.Return(ast.Attribute(ast.Name(holder.name, ast.Load()), fn.name, ast.Load())))
-        mk = ast.FunctionDef("__mk", ast.arguments([], [], None, [], [], None, []), body, [], None)
-        mod = ast.fix_missing_locations(ast.Module([mk], []))
-        ns: dict[str, Any] = dict(module.__dict__)
-        exec(compile(mod, str(ROOT / m.path), "exec"), ns)
-        new = ns["__mk"]()
-        if isinstance(new, (staticmethod, classmethod)):
-            new = new.__func__
-        target.__code__ = new.__code__
-        note = os.environ.get("GGML_PY_MUTANT_ANNOUNCE")
-        if note:             # a file: pytest captures fd 1 and 2 while it imports
-            with open(note, "a") as f:
-                f.write(f"{APPLIED}{m.name}\n")
-        return
+                return tree, _Mutator(node, cls, extra).visit(fn), clsname
+        raise LookupError(f"{m.name}: site not found")
     raise LookupError(f"{m.name}: function not found")
+
+
+def apply(m: Mutant) -> None:
+    """Put mutant `m` into the live, imported package (the current process only)."""
+    import importlib
+    module = importlib.import_module(m.module)
+    _tree, fn, clsname = _mutated_function(m)
+    fn.decorator_list = []
+    target = _live(module, m.qualname)
+    free = target.__code__.co_freevars
+    body = [ast.Assign([ast.Name(v, ast.Store())], ast.Constant(None)) for v in free if v != "__class__"]
+    if free:    # keep every free variable free, in the same order
+        fn.body.insert(0, ast.If(ast.Constant(0), [ast.Expr(ast.Tuple(
+            [ast.Name(v, ast.Load()) for v in free], ast.Load()))], []))
+    holder = ast.ClassDef(clsname or "_M", [], [], [fn], [])
+    body.append(holder)
+    body.append(ast.Return(ast.Attribute(ast.Name(holder.name, ast.Load()), fn.name, ast.Load())))
+    mk = ast.FunctionDef("__mk", ast.arguments([], [], None, [], [], None, []), body, [], None)
+    mod = ast.fix_missing_locations(ast.Module([mk], []))
+    ns: dict[str, Any] = dict(module.__dict__)
+    exec(compile(mod, str(ROOT / m.path), "exec"), ns)
+    new = ns["__mk"]()
+    if isinstance(new, (staticmethod, classmethod)):
+        new = new.__func__
+    target.__code__ = new.__code__
+    note = os.environ.get("GGML_PY_MUTANT_ANNOUNCE")
+    if note:             # a file: pytest captures fd 1 and 2 while it imports
+        with open(note, "a") as f:
+            f.write(f"{APPLIED}{m.name}\n")
 
 
 # ---------------------------------------------------------------------------- child processes
@@ -430,20 +433,8 @@ def _apply_named(name: str) -> None:
 def mutated_module(m: Mutant) -> Any:
     """The code of `m`'s whole module with the mutant written in: for a module that runs as
     ``__main__`` (``python -m``), whose functions exist only once its code runs."""
-    from ggml_py._loader import ffi
-    builtins.__mutant_NULL__ = ffi.NULL    # type: ignore[attr-defined]
-    tree = ast.parse((ROOT / m.path).read_text())
-    ctypes = _ctypes()
-    aliases = _module_aliases(tree)
-    for qual, fn, _cls in _functions(tree):
-        if qual != m.qualname:
-            continue
-        for cls, key, node, extra in _sites(fn, aliases, ctypes):
-            if cls == m.cls and key == m.site:
-                _Mutator(node, cls, extra).visit(fn)     # in place: fn is a node of tree
-                return compile(ast.fix_missing_locations(tree), str(ROOT / m.path), "exec")
-        raise LookupError(f"{m.name}: site not found")
-    raise LookupError(f"{m.name}: function not found")
+    tree, _fn, _cls = _mutated_function(m)
+    return compile(ast.fix_missing_locations(tree), str(ROOT / m.path), "exec")
 
 
 def _hook_main(name: str, module: str) -> None:
