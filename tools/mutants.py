@@ -960,15 +960,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample:
         mutants = sample(mutants, args.sample, args.seed, cover=not args.no_cover)
     if args.names:
-        wanted = {ln.strip() for ln in args.names.read_text().splitlines()
-                  if ln.strip() and not ln.startswith("#")}
-        gone = wanted - {m.name for m in mutants}
+        # in the file's order (two machines can take one list from its two ends)
+        wanted = {n: i for i, n in enumerate(dict.fromkeys(
+            ln.strip() for ln in args.names.read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")))}
+        gone = wanted.keys() - {m.name for m in mutants}
         if gone:
             print(f"{len(gone)} named mutants no longer exist (code changed; rename them in "
                   f"{args.names}): " + ", ".join(sorted(gone)[:5]), file=sys.stderr)
             if args.min_kill and not args.list:
                 return 2         # a must-kill list that silently shrinks checks nothing
-        mutants = [m for m in mutants if m.name in wanted]
+        mutants = sorted((m for m in mutants if m.name in wanted), key=lambda m: wanted[m.name])
     if args.list:
         for m in mutants:
             print(m.name)

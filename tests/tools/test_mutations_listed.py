@@ -120,3 +120,16 @@ def test_a_module_run_with_dash_m_gets_its_mutant(tmp_path):
                        env=env, capture_output=True, text=True, timeout=120)
     assert "unknown mode 'no-such-mode'" in r.stderr       # the module ran, as __main__
     assert note.read_text().splitlines() == [mutants.APPLIED + name]
+
+
+def test_names_run_in_the_order_of_their_file(found, tmp_path, capsys):
+    """`--names` keeps its file's order (a census split between two machines takes one list
+    from its two ends) and drops a name listed twice."""
+    picked = [m.name for m in found[::97]][:5]
+    assert len(picked) >= 3
+    listed = list(reversed(picked)) + [picked[0]]
+    f = tmp_path / "names.txt"
+    f.write_text("# a comment\n" + "\n".join(listed) + "\n")
+    assert mutants.main(["--list", "--names", str(f)]) == 0
+    out = capsys.readouterr().out.split()
+    assert out == list(reversed(picked))

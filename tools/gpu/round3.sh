@@ -23,7 +23,8 @@
 # cpubuild build_ggml.py --backends cpu,rpc (the CPU + RPC build the mutant census runs on)
 # mapcpu   tools/mutants.py's test map of the non-slow suite on that build, in 8 map workers
 #          at once (one per group of test files), merged by --map
-# mutall   every mutant of tools/mutants.py --list on CPU + RPC (-j 14, fork runner), within
+# mutall   every mutant of tools/mutants.py --list (or of a carried list and map, see below)
+#          on CPU + RPC (-j 14, fork runner), within
 #          MUTALL_S seconds (default 540); a later call runs only the mutants not yet judged
 #          (the .partial lines), so the census spans several 10-minute calls
 #
@@ -186,7 +187,18 @@ PY
     ;;
 mutall)
     export GGML_PY_BUILD=$W/ggml_py/lib/ggml-$REL-cpu-rpc
-    M=/root/mutstate
+    # idle OpenMP threads sleep: -j jobs of ggml's CPU backend on these cores otherwise spin
+    # against each other, and tests time out from load alone
+    export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+    M=/root/mutstate; mkdir -p $M
+    # a map and a list carried in .gpu-wt/mutstate (made on the session's machine: saves the
+    # 551 s mapcpu call): map*.json.gz and all.txt, the mutants this machine is to judge
+    C=$(dirname "$PACK")/mutstate
+    if [ -d "$C" ] && [ ! -e $M/.carried ]; then
+        for f in "$C"/map*.json.gz; do gunzip -c "$f" > "$M/$(basename "${f%.gz}")"; done
+        cp "$C/all.txt" $M/all.txt && touch $M/.carried
+        echo "carried: $(ls $M/map*.json | wc -l) maps, $(wc -l < $M/all.txt) mutants"
+    fi
     touch $M/full.json.partial
     python3 - <<'PY'
 import json
