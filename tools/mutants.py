@@ -484,6 +484,13 @@ def install_hook(name: str) -> None:
     class Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
             if fullname != module:
+                # a finder put before this one takes the import from it (pytest's assertion
+                # rewriter, for every module of a package that registers a plugin): move back
+                # in front, so that a module imported later (gg.rpc loads lazily, through
+                # importlib, which no import statement sees) comes through here
+                if sys.meta_path and sys.meta_path[0] is not self and self in sys.meta_path:
+                    sys.meta_path.remove(self)
+                    sys.meta_path.insert(0, self)
                 return None
             sys.meta_path.remove(self)
             spec = importlib.util.find_spec(fullname)
@@ -494,8 +501,11 @@ def install_hook(name: str) -> None:
 
             def exec_module(mod: Any) -> None:
                 orig(mod)
-                if not done:
+                # one loader may load many modules (pytest's rewriter is one object): only
+                # this one, and only once it has run
+                if getattr(mod, "__name__", None) == module and not done:
                     done.append(True)
+                    loader.exec_module = orig        # type: ignore[method-assign]
                     _apply_named(name)
             loader.exec_module = exec_module      # type: ignore[method-assign]
             return spec
@@ -505,7 +515,9 @@ def install_hook(name: str) -> None:
     # A finder put before this one takes the import from it: pytest's assertion rewriter does
     # for every module of a package that registers a pytest plugin (ggml_py does), so a
     # `python -m pytest` child imported the package unmutated. So also look after every import
-    # statement until the module has finished executing, and apply the mutant then.
+    # statement until the module has finished executing, and apply the mutant then. (Alone,
+    # that came too late for a lazily loaded module: a test of gg.rpc ran unmutated, and the
+    # mutant was applied at the next import statement, in pytest's summary.)
     real_import = builtins.__import__
 
     def watching_import(*args: Any, **kwargs: Any) -> Any:

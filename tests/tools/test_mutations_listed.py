@@ -133,3 +133,24 @@ def test_names_run_in_the_order_of_their_file(found, tmp_path, capsys):
     assert mutants.main(["--list", "--names", str(f)]) == 0
     out = capsys.readouterr().out.split()
     assert out == list(reversed(picked))
+
+
+def test_a_lazily_loaded_module_is_mutated_under_pytest(tmp_path):
+    """`gg.rpc` loads on first use, through importlib, which no import statement sees; under
+    pytest the assertion rewriter's finder also comes before the tool's. The mutant must still
+    be in place when the test calls it (it was once applied at the next import statement,
+    which came in pytest's summary, after every test had run unmutated)."""
+    import subprocess
+    name = "ggml_py.rpc:parse_endpoint:check:require#2"
+    mutants._write_site()
+    test = tmp_path / "test_lazy.py"
+    test.write_text("import ggml_py as gg\n\n"
+                    "def test_spaces_pass_the_mutant():\n"
+                    "    assert gg.rpc.parse_endpoint('a b:1') == ('a b', 1)\n")
+    env = dict(os.environ, GGML_PY_MUTANT=name,
+               GGML_PY_MUTANT_TOOL=str(ROOT / "tools" / "mutants.py"),
+               PYTHONPATH=os.pathsep.join([str(mutants.SITE), str(ROOT)]))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly",
+                        "-p", "no:cacheprovider", str(test)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert "1 passed" in r.stdout, r.stdout[-2000:]
