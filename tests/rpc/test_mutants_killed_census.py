@@ -1,8 +1,10 @@
 """Tests written against the survivors of the census of every mutant (docs/mutation.md, round
 8): each fails when its mutant (tools/must_kill.txt) is applied and passes without."""
+import numpy as np
 import pytest
 
 import ggml_py as gg
+from ggml_py import opt
 
 
 @pytest.mark.parametrize("bad", ["127.0.0.1 :50052", "h\u00e9te:50052", "a\x00b:50052",
@@ -13,3 +15,71 @@ def test_an_endpoint_is_printable_ascii_without_spaces(bad):
     for fn in (gg.rpc.parse_endpoint, gg.rpc.connect):
         with pytest.raises(gg.InvalidArgument, match="must be printable ASCII without spaces"):
             fn(bad)
+
+
+@pytest.fixture
+def small_model(cpu):
+    """A one-layer model on a one-thread CPU backend: x (batch 16, 2 features), W (3 x 2)."""
+    with cpu.backend(n_threads=1) as be, gg.Context() as ctx:
+        x = ctx.tensor(gg.f32, (16, 2), "x")
+        W = ctx.tensor(gg.f32, (3, 2), "W")
+        ctx.alloc(be)
+        W.set(np.full((3, 2), 0.5, np.float32))
+        yield be, ctx, x, W
+
+
+def test_gradients_name_each_bad_argument(small_model):
+    be, ctx, x, W = small_model
+    loss = gg.sum(gg.mul_mat(W, x))
+    for backend in ("CPU", None, gg.device("CPU")):
+        with pytest.raises(gg.InvalidArgument, match="backend must be a Backend"):
+            opt.gradients(loss, [W], backend)
+    for params in ([], [np.ones((3, 2), np.float32)], [W, "W"]):
+        with pytest.raises(gg.InvalidArgument, match="params must be a non-empty list of Tensors"):
+            opt.gradients(loss, params, be)
+    ints = ctx.tensor(gg.i32, (3, 2), "ints")
+    with pytest.raises(gg.InvalidArgument, match="parameter ints must be f32 or f16 and have "
+                                                 "memory"):
+        opt.gradients(gg.sum(gg.mul_mat(W, x)), [ints], be)
+    with gg.Context() as bare:
+        V = bare.tensor(gg.f32, (3, 2), "V")        # never allocated
+        with pytest.raises(gg.InvalidArgument, match="parameter V must be f32 or f16 and have "
+                                                     "memory"):
+            opt.gradients(gg.sum(gg.mul_mat(V, x)), [V], be)
+
+
+def test_an_optimizer_refuses_a_model_beyond_ggml_opts_graphs(small_model):
+    """ggml-opt's graphs have GGML_DEFAULT_GRAPH_SIZE slots for the forward pass, its gradients
+    and the optimizer steps: a chain of 600 adds needs more, and is refused before
+    ggml_opt_init (which would overflow the graph and abort)."""
+    be, ctx, x, W = small_model
+    b = ctx.tensor(gg.f32, (3,), "b")
+    ctx.alloc(be)
+    y = gg.mul_mat(W, x)
+    for _ in range(600):
+        y = y + b
+    with pytest.raises(gg.InvalidArgument, match="ggml-opt's graphs hold 2048 slots"):
+        opt.Optimizer(be, x, y, [W, b])
+
+
+def test_optimizer_settings_and_epochs_refuse_bad_values(small_model):
+    be, ctx, x, W = small_model
+    trainer = opt.Optimizer(be, x, gg.mul_mat(W, x), [W], loss="mse")
+    try:
+        for eps in (-1e-8, -1, "1e-8"):
+            with pytest.raises(gg.InvalidArgument, match="eps must be >= 0"):
+                trainer.set_hyperparameters(eps=eps)
+        for wd in (-0.1, 1.5, "0.1"):
+            with pytest.raises(gg.InvalidArgument, match=r"weight_decay must be in \[0, 1\]"):
+                trainer.set_hyperparameters(weight_decay=wd)
+        trainer.set_hyperparameters(eps=0, weight_decay=1)        # the bounds themselves
+        X = np.ones((16, 2), np.float32)
+        for bad in (X, [X], None):
+            with pytest.raises(gg.InvalidArgument, match="expected an opt.Dataset"):
+                trainer.epoch(bad)
+        # one batch of 16 with a quarter kept for validation leaves no whole batch to train on
+        with opt.Dataset(X, np.ones((16, 3), np.float32)) as one_batch:
+            with pytest.raises(gg.InvalidArgument, match="no whole batch of 16 is left"):
+                trainer.epoch(one_batch, val_split=0.25)
+    finally:
+        trainer.close()
