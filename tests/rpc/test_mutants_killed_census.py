@@ -83,3 +83,60 @@ def test_optimizer_settings_and_epochs_refuse_bad_values(small_model):
                 trainer.epoch(one_batch, val_split=0.25)
     finally:
         trainer.close()
+
+
+def _transposed(ctx):
+    """A (4, 3) f32 view whose rows are strided: the transpose of a (3, 4) tensor."""
+    return gg.transpose(ctx.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4)))
+
+
+@pytest.mark.parametrize("op, call", [
+    ("pad", lambda t: gg.pad(t, [(0, 1), (0, 1)])),
+    ("concat", lambda t: gg.concat(t, t, 0)),
+    ("repeat", lambda t: gg.repeat(t, (8, 3))),
+])
+def test_strided_rows_are_refused_with_the_cont_hint(op, call):
+    """ggml_py's layout rule for these ops holds on every backend (CUDA's and Vulkan's kernels
+    assert contiguous rows; CPU's may read them): refused before the graph, naming gg.cont."""
+    with gg.Context() as ctx:
+        t = _transposed(ctx)
+        with pytest.raises(gg.InvalidArgument, match=rf"{op}: the rows of a \(4, 3\) are "
+                                                     r"strided.*gg\.cont\(a\)"):
+            call(t)
+        assert call(gg.cont(t)).shape                  # made contiguous, it is taken
+
+
+def test_concat_of_quantized_blocks_is_refused():
+    with gg.Context() as ctx:
+        q = ctx.tensor(gg.q8_0, (2, 32))
+        with pytest.raises(gg.InvalidType, match="concat: q8_0 blocks cannot be concatenated"):
+            gg.concat(q, q, 0)
+
+
+@pytest.mark.parametrize("strides", [(0, 4), (16, 0), (-16, 4)])
+def test_view_strides_must_be_positive(strides):
+    with gg.Context() as ctx:
+        a = ctx.tensor(gg.f32, (4, 4))
+        with pytest.raises(gg.InvalidArgument, match=r"view: (strides must be positive|the "
+                                                      r"last stride must be)"):
+            gg.view(a, (2, 2), strides=strides)
+
+
+@pytest.mark.parametrize("axes", [(0, 0), (1, 1), (0, 2), (2, 0, 1)])
+def test_permute_axes_must_be_a_permutation(axes):
+    with gg.Context() as ctx:
+        a = ctx.tensor(gg.f32, (2, 3))
+        with pytest.raises(gg.InvalidArgument, match="are not a permutation of 2 axes"):
+            gg.permute(a, axes)
+
+
+def test_a_quantized_tensors_last_axis_stays_last():
+    """The last numpy axis of a q8_0 tensor holds its blocks of 32: permutes that move it are
+    refused; those that keep it are views like any other."""
+    with gg.Context() as ctx:
+        q = ctx.tensor(gg.q8_0, (2, 3, 32))
+        for axes in [(0, 2, 1), (2, 1, 0), (1, 2, 0)]:
+            with pytest.raises(gg.InvalidType, match="the last axis of a q8_0 tensor holds its "
+                                                     "quantized blocks and cannot move"):
+                gg.permute(q, axes)
+        assert gg.permute(q, (1, 0, 2)).shape == (3, 2, 32)
