@@ -140,3 +140,36 @@ def test_a_quantized_tensors_last_axis_stays_last():
                                                      "quantized blocks and cannot move"):
                 gg.permute(q, axes)
         assert gg.permute(q, (1, 0, 2)).shape == (3, 2, 32)
+
+
+def test_view_rules_one_by_one():
+    with gg.Context() as ctx:
+        a = ctx.tensor(gg.f32, (4, 4))
+        with pytest.raises(gg.InvalidArgument, match="view: 1 strides for 2 axes"):
+            gg.view(a, (2, 2), strides=(16,))
+        with pytest.raises(gg.InvalidArgument, match="view: 3 strides for 2 axes"):
+            gg.view(a, (2, 2), strides=(16, 4, 4))
+        with pytest.raises(gg.InvalidArgument, match="the last stride must be the element size "
+                                                     "4, got 8"):
+            gg.view(a, (2, 2), strides=(16, 8))
+        q = ctx.tensor(gg.q8_0, (2, 64))
+        with pytest.raises(gg.InvalidType, match="views of quantized tensors are not supported"):
+            gg.view(q, (2, 32))
+        assert gg.view(a, (2, 2), strides=(16, 4)).shape == (2, 2)
+
+
+@pytest.mark.parametrize("shape", [(6, 1, 1, 1, 1), (1, 1, 1, 1, 6), (1, 2, 1, 3, 1, 1)])
+def test_reshape_to_more_than_four_axes_is_refused(shape):
+    with gg.Context() as ctx:
+        a = ctx.tensor(gg.f32, (2, 3))
+        with pytest.raises(gg.InvalidArgument, match=r"reshape: bad shape .* \(1 to 4 axes"):
+            gg.reshape(a, shape)
+
+
+def test_reshape_keeps_quantized_blocks_whole():
+    with gg.Context() as ctx:
+        q = ctx.tensor(gg.q8_0, (2, 64))
+        assert gg.reshape(q, (4, 32)).shape == (4, 32)
+        for shape in [(8, 16), (16, 8), (4, 2, 16)]:
+            with pytest.raises(gg.InvalidArgument, match="would split quantized blocks"):
+                gg.reshape(q, shape)
