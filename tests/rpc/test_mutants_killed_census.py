@@ -173,3 +173,20 @@ def test_reshape_keeps_quantized_blocks_whole():
         for shape in [(8, 16), (16, 8), (4, 2, 16)]:
             with pytest.raises(gg.InvalidArgument, match="would split quantized blocks"):
                 gg.reshape(q, shape)
+
+
+@pytest.mark.parametrize("shape", [(-1, -1), (-1, 4), (0, -1), (-1, 2, -1)])
+def test_reshape_infers_one_axis_only_when_it_divides(shape):
+    with gg.Context() as ctx:
+        a = ctx.tensor(gg.f32, (2, 3))
+        with pytest.raises(gg.InvalidArgument, match=r"reshape: cannot reshape \(2, 3\) into"):
+            gg.reshape(a, shape)
+        assert gg.reshape(a, (-1, 2)).shape == (3, 2)
+
+
+@pytest.mark.parametrize("shape", [(4, 2), (7,), (1, 5), (2, 3, 2)])
+def test_reshape_keeps_the_element_count(shape):
+    with gg.Context() as ctx:
+        a = ctx.tensor(gg.f32, (2, 3))
+        with pytest.raises(gg.InvalidArgument, match=r"cannot reshape \(2, 3\) \(6 elements\)"):
+            gg.reshape(a, shape)
