@@ -190,3 +190,4 @@ def test_reshape_keeps_the_element_count(shape):
         a = ctx.tensor(gg.f32, (2, 3))
         with pytest.raises(gg.InvalidArgument, match=r"cannot reshape \(2, 3\) \(6 elements\)"):
             gg.reshape(a, shape)
+
