@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _features
 from ._handle import Owned
 from ._interfaces import BufferTypeLike
 from ._rpc_liveness import ensure_alive, free_guard
@@ -26,6 +27,22 @@ _USAGE = {"any": lib.GGML_BACKEND_BUFFER_USAGE_ANY,
           "weights": lib.GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
           "compute": lib.GGML_BACKEND_BUFFER_USAGE_COMPUTE}
 
+
+
+_META = int(lib.GGML_BACKEND_DEVICE_TYPE_META) if _features.META_DEVICE else -1
+
+
+def host_addressable(raw: Any) -> bool:
+    """Whether the tensors of buffer `raw` live at their ``data`` addresses in this process.
+    ggml's ``buffer_is_host`` says so too for a meta device's buffer (its parts are host
+    memory), whose tensors' ``data`` is a placeholder: reading it, as a numpy view or ggml's
+    own copy of a "host" source does, kills the process. The one rule for every such read."""
+    if raw == ffi.NULL or not lib.ggml_backend_buffer_is_host(raw):
+        return False
+    if _META < 0:
+        return True
+    dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(raw))
+    return dev == ffi.NULL or int(lib.ggml_backend_dev_type(dev)) != _META
 
 class Buffer(Owned):
     """Device memory (``ggml_backend_buffer_t``). Owned: close() or use ``with``."""
@@ -43,7 +60,7 @@ class Buffer(Owned):
         super().__init__(raw, free, parents=parents, guard=free_guard(self._dev))
         self._buffer_type = buffer_type
         self._keep = keep  # host memory a zero-copy buffer stands on
-        self._is_host = bool(lib.ggml_backend_buffer_is_host(raw))
+        self._is_host = host_addressable(raw)
 
     def _devices(self) -> set[Any]:
         return {self._dev} if self._dev is not None else set()

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import _types
-from ._buffer import Buffer, BorrowedBuffer
+from ._buffer import Buffer, BorrowedBuffer, host_addressable
 from ._device import BufferType
 from ._interfaces import TensorHome, TensorLike
 from ._rpc_liveness import buffer_device, check_access
@@ -208,8 +208,9 @@ class TensorBase(TensorLike):
 
     @property
     def is_host(self) -> bool:
-        b = self.ptr.buffer
-        return b != ffi.NULL and bool(lib.ggml_backend_buffer_is_host(b))
+        """Whether the tensor's memory is at its ``data`` address in this process (host
+        memory; not a meta device's, whose addresses are placeholders)."""
+        return host_addressable(self.ptr.buffer)
 
     @property
     def is_allocated(self) -> bool:

@@ -12,6 +12,7 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from . import _types
+from ._buffer import host_addressable
 from ._interfaces import Queue, TensorLike
 from ._written import require_written, wrote
 from ._loader import HELPERS, ffi, lib
@@ -277,7 +278,12 @@ def copy_async(src: TensorLike, dst: TensorLike, src_backend: Queue, dst_backend
         dst_backend.ensure_alive()
         src_backend.keep_until_synchronized(src)
         dst_backend.keep_until_synchronized((src, dst))
-        lib.ggml_backend_tensor_copy_async(src_backend.ptr, dst_backend.ptr, ps, pd)
+        if _placeholder_source(ps):       # (no backend has a native copy out of meta memory)
+            lib.ggml_backend_synchronize(src_backend.ptr)
+            lib.ggml_backend_synchronize(dst_backend.ptr)
+            _copy_blocking(src, ps, pd)
+        else:
+            lib.ggml_backend_tensor_copy_async(src_backend.ptr, dst_backend.ptr, ps, pd)
         wrote(dst)
 
 
@@ -296,5 +302,25 @@ def copy(src: TensorLike, dst: TensorLike) -> None:
                 f"copy: tensors differ in type or layout ({src.type.name}{src.shape} -> "
                 f"{dst.type.name}{dst.shape})")
         require(ps != pd, "copy: source and destination are the same tensor")
-        lib.ggml_backend_tensor_copy(ps, pd)
+        _copy_blocking(src, ps, pd)
         wrote(dst)
+
+
+def _placeholder_source(ps: Any) -> bool:
+    """A source ggml takes for host memory that is not at its address (a meta device's)."""
+    return bool(lib.ggml_backend_buffer_is_host(ps.buffer)) and not host_addressable(ps.buffer)
+
+
+def _copy_blocking(src: TensorLike, ps: Any, pd: Any) -> None:
+    """``ggml_backend_tensor_copy``, which reads a host source at its address: a meta
+    device's tensor is read through its buffer instead (into the destination's memory when
+    that is addressable, else through a host copy)."""
+    if not _placeholder_source(ps):
+        lib.ggml_backend_tensor_copy(ps, pd)
+    elif host_addressable(pd.buffer):
+        lib.ggml_backend_tensor_get(ps, pd.data, 0, src.nbytes)
+    else:
+        tmp = np.empty(src.nbytes, np.uint8)
+        p = ffi.from_buffer("void *", tmp, require_writable=True)
+        lib.ggml_backend_tensor_get(ps, p, 0, src.nbytes)
+        lib.ggml_backend_tensor_set(pd, p, 0, src.nbytes)

@@ -191,3 +191,16 @@ def test_reshape_keeps_the_element_count(shape):
         with pytest.raises(gg.InvalidArgument, match=r"cannot reshape \(2, 3\) \(6 elements\)"):
             gg.reshape(a, shape)
 
+
+
+def test_copy_goes_from_source_to_destination(cpu):
+    """gg.copy(src, dst): dst gets src's bytes (it starts as NaN) and src keeps them."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with cpu.backend(n_threads=1) as be, gg.Context() as ctx:
+        src, dst = ctx.tensor(gg.f32, (3, 4), "src"), ctx.tensor(gg.f32, (3, 4), "dst")
+        ctx.alloc(be)
+        src.set(x)
+        dst.set(np.full_like(x, np.nan))
+        gg.copy(src, dst)
+        np.testing.assert_array_equal(dst.numpy(), x)
+        np.testing.assert_array_equal(src.numpy(), x)
