@@ -5,6 +5,7 @@ import pytest
 
 import ggml_py as gg
 from ggml_py import opt
+from support.meta_models import meta_supported
 
 
 @pytest.mark.parametrize("bad", ["127.0.0.1 :50052", "h\u00e9te:50052", "a\x00b:50052",
@@ -204,3 +205,75 @@ def test_copy_goes_from_source_to_destination(cpu):
         gg.copy(src, dst)
         np.testing.assert_array_equal(dst.numpy(), x)
         np.testing.assert_array_equal(src.numpy(), x)
+
+
+@pytest.mark.parametrize("bad", ["127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:123456",
+                                 "127.0.0.1:-1", "127.0.0.1:5e4", "127.0.0.1:"])
+def test_an_endpoint_port_is_1_to_65535(bad):
+    with pytest.raises(gg.InvalidArgument, match="must be 1..65535|is not 'host:port'"):
+        gg.rpc.parse_endpoint(bad)
+    assert gg.rpc.parse_endpoint("127.0.0.1:65535") == ("127.0.0.1", 65535)
+
+
+@pytest.mark.skipif(not meta_supported(), reason="ggml_py offers meta devices from ggml 0.26.0")
+@pytest.mark.parametrize("devices", ["CPU", {"CPU"}, None, 0])
+def test_meta_device_takes_a_list_of_devices(devices):
+    with pytest.raises(gg.InvalidType, match="meta_device: devices must be a list of devices "
+                                             "or names, not"):
+        gg.meta_device(devices, {})
+
+
+@pytest.mark.skipif(not meta_supported(), reason="ggml_py offers meta devices from ggml 0.26.0")
+def test_a_meta_compute_names_the_buffer_of_a_foreign_leaf(cpu):
+    md = gg.meta_device([cpu, cpu], {"w": gg.Split(axis=0)})
+    with md.backend() as mb, cpu.backend(n_threads=1) as cb, gg.Context() as mc, \
+            gg.Context() as hc:
+        w = mc.tensor(gg.f32, (8, 4), "w")
+        mc.alloc(mb)
+        w.set(np.ones((8, 4), np.float32))
+        x = hc.tensor(gg.f32, (2, 4), "x")
+        hc.alloc(cb)
+        x.set(np.ones((2, 4), np.float32))
+        with pytest.raises(gg.GGMLError, match="meta device: x .* lives in a buffer of CPU, not "
+                                               "of a meta device"):
+            mb.compute(gg.Graph(gg.mul_mat(w, x)))
+
+
+@pytest.mark.skipif(not meta_supported(), reason="ggml_py offers meta devices from ggml 0.26.0")
+def test_a_meta_compute_names_the_buffer_of_a_foreign_node(cpu):
+    """A node computed before on the CPU backend keeps its memory there: a meta compute over
+    it is refused by name, with the buffer it lives in."""
+    md = gg.meta_device([cpu, cpu], {"w": gg.Split(axis=0)})
+    with md.backend() as mb, cpu.backend(n_threads=1) as cb, gg.Context() as mc, \
+            gg.Context() as hc:
+        w = mc.tensor(gg.f32, (8, 4), "w")
+        mc.alloc(mb)
+        w.set(np.ones((8, 4), np.float32))
+        x = hc.tensor(gg.f32, (2, 4), "x")
+        hc.alloc(cb)
+        x.set(np.ones((2, 4), np.float32))
+        z = x + x
+        z.name = "z"
+        cb.compute(gg.Graph(z))
+        with pytest.raises(gg.GGMLError, match="meta device: node z .* lives in a buffer of "
+                                               "CPU"):
+            mb.compute(gg.Graph(gg.mul_mat(w, z)))
+
+
+@pytest.mark.skipif(not meta_supported(), reason="ggml_py offers meta devices from ggml 0.26.0")
+def test_split_states_follow_a_column_then_row_parallel_mlp(cpu):
+    """be.split_states(graph) (notebook 07 prints it): each node's name, op and split as the
+    meta backend derives it: w1 split by rows makes h split on its last numpy axis, relu keeps
+    it, the second matmul over w2's split inner axis is a partial sum, meta_reduce mirrors it."""
+    md = gg.meta_device([cpu, cpu], {"w1": gg.Split(axis=0), "w2": gg.Split(axis=1)})
+    with md.backend() as mb, gg.Context() as mc:
+        w1, w2 = mc.tensor(gg.f32, (8, 4), "w1"), mc.tensor(gg.f32, (4, 8), "w2")
+        x = mc.tensor(gg.f32, (2, 4), "x")
+        mc.alloc(mb)
+        h = gg.mul_mat(w1, x)
+        h.name = "h"
+        y = gg.meta_reduce(gg.mul_mat(w2, gg.relu(h)))
+        y.name = "y"
+        assert mb.split_states(gg.Graph(y)) == [
+            ("h", "MUL_MAT", "axis 1 (ggml 0)"), ("node_1", "RELU", "axis 1 (ggml 0)"),
+            ("node_2", "MUL_MAT", "PARTIAL"), ("y", "SCALE", "MIRRORED")]
