@@ -28,21 +28,27 @@ _USAGE = {"any": lib.GGML_BACKEND_BUFFER_USAGE_ANY,
           "compute": lib.GGML_BACKEND_BUFFER_USAGE_COMPUTE}
 
 
-
 _META = int(lib.GGML_BACKEND_DEVICE_TYPE_META) if _features.META_DEVICE else -1
 
 
-def host_addressable(raw: Any) -> bool:
-    """Whether the tensors of buffer `raw` live at their ``data`` addresses in this process.
-    ggml's ``buffer_is_host`` says so too for a meta device's buffer (its parts are host
-    memory), whose tensors' ``data`` is a placeholder: reading it, as a numpy view or ggml's
-    own copy of a "host" source does, kills the process. The one rule for every such read."""
-    if raw == ffi.NULL or not lib.ggml_backend_buffer_is_host(raw):
+def type_addressable(buft: Any) -> bool:
+    """Whether memory of buffer type `buft` is read at its tensors' ``data`` addresses in this
+    process. ggml says "host" also for a meta device's buffer type (its parts' memory is host
+    memory), whose tensors' ``data`` is a placeholder: reading it, as a numpy view, a file
+    read or ggml's own copy of a "host" source does, kills the process. The one rule for
+    every such read."""
+    if buft == ffi.NULL or not lib.ggml_backend_buft_is_host(buft):
         return False
     if _META < 0:
         return True
-    dev = lib.ggml_backend_buft_get_device(lib.ggml_backend_buffer_get_type(raw))
+    dev = lib.ggml_backend_buft_get_device(buft)
     return dev == ffi.NULL or int(lib.ggml_backend_dev_type(dev)) != _META
+
+
+def host_addressable(raw: Any) -> bool:
+    """:func:`type_addressable` for the buffer `raw` (False for none)."""
+    return raw != ffi.NULL and type_addressable(lib.ggml_backend_buffer_get_type(raw))
+
 
 class Buffer(Owned):
     """Device memory (``ggml_backend_buffer_t``). Owned: close() or use ``with``."""

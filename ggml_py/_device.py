@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ._backend import Backend
-from ._buffer import Buffer
+from ._buffer import Buffer, type_addressable
 from ._event import Event
 from ._handle import Borrowed
 from ._rpc_liveness import ensure_alive, supports_op
@@ -82,8 +82,10 @@ class BufferType(Borrowed):
 
     @property
     def is_host(self) -> bool:
-        """Whether its memory is plain host memory the CPU can read directly."""
-        return bool(lib.ggml_backend_buft_is_host(self.ptr))
+        """Whether its memory is plain host memory the CPU reads at its tensors' addresses
+        (a meta device's is not: ggml calls it host memory, but its addresses are
+        placeholders; ``_buffer.type_addressable``)."""
+        return type_addressable(self.ptr)
 
     @property
     def device(self) -> "Device | None":

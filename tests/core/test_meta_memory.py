@@ -37,8 +37,8 @@ def meta_and_host(cpu):
 
 def test_meta_memory_is_not_host_memory_to_ggml_py(meta_and_host):
     m, _, h, _ = meta_and_host
-    assert m.buffer.buffer_type.is_host           # ggml's answer for the type
     assert not m.is_host and not m.buffer.is_host  # not readable at its address
+    assert not m.buffer.buffer_type.is_host
     assert h.is_host and h.buffer.is_host
 
 
@@ -57,6 +57,18 @@ def test_every_reader_of_meta_memory_gets_the_values(meta_and_host, reader):
     m, m2, h, be = meta_and_host
     got = READERS[reader](m, m2, h, be)
     np.testing.assert_array_equal(got, X)
+
+
+def test_a_gguf_file_loads_onto_a_meta_device(cpu, tmp_path):
+    """A load reads the file straight into host memory of the device's own buffer type; a
+    meta device's goes through its buffer (a read at the placeholder failed: EFAULT)."""
+    path = tmp_path / "w.gguf"
+    gg.gguf.write(path, tensors={"w": X})
+    md = gg.meta_device([cpu, cpu], {"w": gg.Split(axis=0)})
+    with md.backend() as mb:
+        with gg.gguf.read(path) as f:
+            tensors = f.load(mb)
+        np.testing.assert_array_equal(tensors["w"].numpy(), X)
 
 
 def test_a_view_of_meta_memory_is_refused_not_faked(meta_and_host):
