@@ -277,3 +277,15 @@ def test_split_states_follow_a_column_then_row_parallel_mlp(cpu):
         assert mb.split_states(gg.Graph(y)) == [
             ("h", "MUL_MAT", "axis 1 (ggml 0)"), ("node_1", "RELU", "axis 1 (ggml 0)"),
             ("node_2", "MUL_MAT", "PARTIAL"), ("y", "SCALE", "MIRRORED")]
+
+
+@pytest.mark.parametrize("make", [lambda a: a.T, lambda a: a[:, ::2], lambda a: a[::-1]])
+def test_from_dlpack_takes_c_contiguous_memory_only(make):
+    """A strided producer (a transpose, a step, a reversal) is refused by name; ggml's tensor
+    over it would read the wrong elements."""
+    a = make(np.arange(24, dtype=np.float32).reshape(4, 6))
+    assert not a.flags.c_contiguous
+    with gg.Context() as ctx:
+        with pytest.raises(gg.InvalidArgument, match="from_dlpack: the array must be "
+                                                     "C-contiguous"):
+            gg.dlpack.from_dlpack(a, ctx)
