@@ -289,3 +289,18 @@ def test_from_dlpack_takes_c_contiguous_memory_only(make):
         with pytest.raises(gg.InvalidArgument, match="from_dlpack: the array must be "
                                                      "C-contiguous"):
             gg.dlpack.from_dlpack(a, ctx)
+
+
+@pytest.mark.parametrize("op", [lambda a: a + a, lambda a: a * 2.0, lambda a: gg.relu(a),
+                                lambda a: gg.reshape(a, (4, 2)), lambda a: gg.permute(a, (1, 0)),
+                                lambda a: gg.soft_max(a), lambda a: gg.cont(a)])
+def test_a_closed_contexts_tensors_build_nothing(op):
+    """The checked ops build in C before any Python check: closing a Context first tells its
+    C state to refuse (no head chunk), so an op on its tensors raises ClosedError instead of
+    building in released records."""
+    ctx = gg.Context(capacity=16)
+    a = ctx.tensor(gg.f32, (2, 4), "a")
+    ctx.close()
+    for _ in range(3):
+        with pytest.raises(gg.ClosedError):
+            op(a)
