@@ -304,3 +304,16 @@ def test_a_closed_contexts_tensors_build_nothing(op):
     for _ in range(3):
         with pytest.raises(gg.ClosedError):
             op(a)
+
+
+@pytest.mark.skipif(not meta_supported(), reason="ggml_py offers meta devices from ggml 0.26.0")
+def test_meta_memory_is_not_host_memory(cpu):
+    """ggml calls a meta device's buffer type host memory; its tensors' addresses are
+    placeholders, so ggml_py does not (tests/core/test_meta_memory.py has the readers)."""
+    md = gg.meta_device([cpu, cpu], {"m": gg.Split(axis=0)})
+    with md.backend() as mb, gg.Context() as mc:
+        m = mc.tensor(gg.f32, (8, 4), "m")
+        mc.alloc(mb)
+        assert gg.lib.ggml_backend_buft_is_host(m.buffer.buffer_type.ptr)
+        assert not m.is_host and not m.buffer.is_host and not m.buffer.buffer_type.is_host
+        assert cpu.buffer_type.is_host
