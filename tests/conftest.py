@@ -71,3 +71,15 @@ def rpc_devs(rpc_servers):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def small_model(cpu):
+    """A one-layer model's tensors on a one-thread CPU backend: (backend, context, x of batch 16
+    and 2 features, unset; W of 3 x 2, all 0.5)."""
+    with cpu.backend(n_threads=1) as be, gg.Context() as ctx:
+        x = ctx.tensor(gg.f32, (16, 2), "x")
+        W = ctx.tensor(gg.f32, (3, 2), "W")
+        ctx.alloc(be)
+        W.set(np.full((3, 2), 0.5, np.float32))
+        yield be, ctx, x, W

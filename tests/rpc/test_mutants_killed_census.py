@@ -18,17 +18,6 @@ def test_an_endpoint_is_printable_ascii_without_spaces(bad):
             fn(bad)
 
 
-@pytest.fixture
-def small_model(cpu):
-    """A one-layer model on a one-thread CPU backend: x (batch 16, 2 features), W (3 x 2)."""
-    with cpu.backend(n_threads=1) as be, gg.Context() as ctx:
-        x = ctx.tensor(gg.f32, (16, 2), "x")
-        W = ctx.tensor(gg.f32, (3, 2), "W")
-        ctx.alloc(be)
-        W.set(np.full((3, 2), 0.5, np.float32))
-        yield be, ctx, x, W
-
-
 def test_gradients_name_each_bad_argument(small_model):
     be, ctx, x, W = small_model
     loss = gg.sum(gg.mul_mat(W, x))
@@ -223,8 +212,12 @@ def test_meta_device_takes_a_list_of_devices(devices):
         gg.meta_device(devices, {})
 
 
-@pytest.mark.skipif(not meta_supported(), reason="ggml_py offers meta devices from ggml 0.26.0")
-def test_a_meta_compute_names_the_buffer_of_a_foreign_leaf(cpu):
+@pytest.fixture
+def meta_and_cpu(cpu):
+    """(meta backend over two CPU parts, CPU backend, w: (8, 4) ones split by rows on the meta
+    device, x: (2, 4) ones in CPU memory)."""
+    if not meta_supported():
+        pytest.skip("ggml_py offers meta devices from ggml 0.26.0")
     md = gg.meta_device([cpu, cpu], {"w": gg.Split(axis=0)})
     with md.backend() as mb, cpu.backend(n_threads=1) as cb, gg.Context() as mc, \
             gg.Context() as hc:
@@ -234,30 +227,25 @@ def test_a_meta_compute_names_the_buffer_of_a_foreign_leaf(cpu):
         x = hc.tensor(gg.f32, (2, 4), "x")
         hc.alloc(cb)
         x.set(np.ones((2, 4), np.float32))
-        with pytest.raises(gg.GGMLError, match="meta device: x .* lives in a buffer of CPU, not "
-                                               "of a meta device"):
-            mb.compute(gg.Graph(gg.mul_mat(w, x)))
+        yield mb, cb, w, x
 
 
-@pytest.mark.skipif(not meta_supported(), reason="ggml_py offers meta devices from ggml 0.26.0")
-def test_a_meta_compute_names_the_buffer_of_a_foreign_node(cpu):
+def test_a_meta_compute_names_the_buffer_of_a_foreign_leaf(meta_and_cpu):
+    mb, _, w, x = meta_and_cpu
+    with pytest.raises(gg.GGMLError, match="meta device: x .* lives in a buffer of CPU, not "
+                                           "of a meta device"):
+        mb.compute(gg.Graph(gg.mul_mat(w, x)))
+
+
+def test_a_meta_compute_names_the_buffer_of_a_foreign_node(meta_and_cpu):
     """A node computed before on the CPU backend keeps its memory there: a meta compute over
     it is refused by name, with the buffer it lives in."""
-    md = gg.meta_device([cpu, cpu], {"w": gg.Split(axis=0)})
-    with md.backend() as mb, cpu.backend(n_threads=1) as cb, gg.Context() as mc, \
-            gg.Context() as hc:
-        w = mc.tensor(gg.f32, (8, 4), "w")
-        mc.alloc(mb)
-        w.set(np.ones((8, 4), np.float32))
-        x = hc.tensor(gg.f32, (2, 4), "x")
-        hc.alloc(cb)
-        x.set(np.ones((2, 4), np.float32))
-        z = x + x
-        z.name = "z"
-        cb.compute(gg.Graph(z))
-        with pytest.raises(gg.GGMLError, match="meta device: node z .* lives in a buffer of "
-                                               "CPU"):
-            mb.compute(gg.Graph(gg.mul_mat(w, z)))
+    mb, cb, w, x = meta_and_cpu
+    z = x + x
+    z.name = "z"
+    cb.compute(gg.Graph(z))
+    with pytest.raises(gg.GGMLError, match="meta device: node z .* lives in a buffer of CPU"):
+        mb.compute(gg.Graph(gg.mul_mat(w, z)))
 
 
 @pytest.mark.skipif(not meta_supported(), reason="ggml_py offers meta devices from ggml 0.26.0")

@@ -130,19 +130,8 @@ def test_alloc_on_a_buffer_type_whose_server_died_raises_and_the_process_survive
 
 
 # -- the optimizer's tensors ------------------------------------------------------------------
-@pytest.fixture
-def model(cpu):
-    """x (batch 16, 2 features) and W (3 x 2), allocated on a one-thread CPU backend."""
-    with cpu.backend(n_threads=1) as be, gg.Context() as ctx:
-        x = ctx.tensor(gg.f32, (16, 2), "x")
-        W = ctx.tensor(gg.f32, (3, 2), "W")
-        ctx.alloc(be)
-        W.set(np.full((3, 2), 0.5, np.float32))
-        yield be, ctx, x, W
-
-
-def test_optimizer_inputs_and_outputs_must_be_tensors(model):
-    be, ctx, x, W = model
+def test_optimizer_inputs_and_outputs_must_be_tensors(small_model):
+    be, ctx, x, W = small_model
     y = gg.mul_mat(W, x)
     for inputs, outputs in ((np.ones((16, 2), np.float32), y), (x, np.ones((16, 3))),
                             ("x", y), (x, None)):
@@ -150,10 +139,10 @@ def test_optimizer_inputs_and_outputs_must_be_tensors(model):
             opt.Optimizer(be, inputs, outputs, [W])
 
 
-def test_optimizer_inputs_are_batch_by_features(model):
+def test_optimizer_inputs_are_batch_by_features(small_model):
     """The inputs are a (batch, features) matrix and the outputs (batch, n): other ranks are
     refused by name before ggml_opt_init."""
-    be, ctx, x, W = model
+    be, ctx, x, W = small_model
     x3 = ctx.tensor(gg.f32, (4, 4, 2), "x3")
     ctx.alloc(be)
     with pytest.raises(gg.InvalidArgument, match=r"inputs must be \(batch, features\) and "
@@ -161,8 +150,8 @@ def test_optimizer_inputs_are_batch_by_features(model):
         opt.Optimizer(be, x3, gg.mul_mat(W, x3), [W])
 
 
-def test_cross_entropy_needs_f32_logits(model):
-    be, ctx, x, W = model
+def test_cross_entropy_needs_f32_logits(small_model):
+    be, ctx, x, W = small_model
     with gg.Context() as c2:
         y16 = c2.tensor(gg.f16, (16, 3), "y16")
         logits = gg.cpy(gg.mul_mat(W, x), y16)
