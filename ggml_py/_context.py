@@ -35,10 +35,16 @@ from ._rpc_liveness import buffer_device, ensure_alive
 from ._loader import ffi, lib
 from ._tensor import Tensor
 from ._tensor_base import MAX_DIMS, MAX_NAME, TensorBase, index_of, shape_of
-from .errors import (ClosedError, GGMLError, InvalidType, OutOfMemory,
+from .errors import (ClosedError, GGMLError, InvalidArgument, InvalidType, OutOfMemory,
                      check_status, require)
 
 _MAX_CAPACITY = 1 << 26
+
+
+#: Set by :mod:`ggml_py._meta_plan` once a meta device exists: refuses a view of a meta
+#: device's memory whose split ggml cannot derive (a meta buffer derives it when the view is
+#: initialised, and aborts the process on one it cannot map: "view of permuted tensor").
+meta_view_check: Callable[[Any], None] | None = None
 
 
 def _init_view(p: Any) -> None:
@@ -47,6 +53,8 @@ def _init_view(p: Any) -> None:
     src = p.view_src
     if src != ffi.NULL and src.buffer != ffi.NULL and p.buffer == ffi.NULL:
         ensure_alive(buffer_device(src.buffer))   # (init_tensor may be remote)
+        if meta_view_check is not None:
+            meta_view_check(p)
         lib.ggml_backend_view_init(p)
 
 
@@ -276,6 +284,17 @@ class Context(Records):
         buft.require_plain_bytes("alloc")
         ensure_alive(lib.ggml_backend_buft_get_device(buft.ptr))
         if buft.admits:       # (a meta device's buffer type: how each tensor is split)
+            # ggml's meta buffer type places EVERY tensor of the context in the new buffer
+            # (0.26.0's alloc_buffer_n), memory already placed included: a second alloc
+            # would move those tensors into fresh, unset memory and lose their values
+            placed = [p for raw in self._raws() for p in self._chunk_raw_tensors(raw)
+                      if p.data != ffi.NULL or p.buffer != ffi.NULL]
+            if placed:
+                raise InvalidArgument(
+                    f"alloc: a meta device's buffer takes every tensor of the context, and "
+                    f"{len(placed)} of this context's tensors already have memory (e.g. "
+                    f"{self.wrap_raw(placed[0]).name or '(unnamed)'!r}): ggml would move them "
+                    "into new, unset memory; make the new tensors in a new Context")
             buft.admit([self.wrap_raw(p) for raw in self._raws()
                         for p in self._chunk_raw_tensors(raw)
                         if p.data == ffi.NULL and p.view_src == ffi.NULL])

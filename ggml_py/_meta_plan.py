@@ -17,6 +17,20 @@ def register(raw: Any, meta: Any) -> None:
     """Record `meta` (a MetaDevice of ggml_py._meta) as the device of ggml's meta device handle
     `raw`: its buffers' tensors are planned with its ``splitter`` from now on."""
     BY_DEV[_addr(raw)] = meta
+    from . import _context
+    _context.meta_view_check = check_view
+
+
+def check_view(raw: Any) -> None:
+    """Refused for a view of a meta device's memory whose split state ggml cannot derive:
+    ggml's meta buffer derives it when the view is initialised, and aborts the process on a
+    view it cannot map (a permuted view of a split tensor, strides it cannot follow, a
+    reshape across the split axis). Called before ``ggml_backend_view_init``."""
+    meta = meta_of_buffer(raw.view_src.buffer)
+    if meta is not None:
+        # (the refused record stays in its context, which ggml cannot drop: no graph reaches
+        # it, and Context.alloc refuses a meta context that already holds placed tensors)
+        _Planner(meta.n_parts).state(raw, False)
 
 
 def _addr(p: Any) -> int:

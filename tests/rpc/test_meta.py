@@ -141,7 +141,7 @@ def test_fused_qkv_as_segments(parts, rng):
     wqkv = rng.standard_normal((3 * d, d)).astype(np.float32)
     x = rng.standard_normal((t, d)).astype(np.float32)
     md = gg.meta_device(parts, {"wqkv": gg.Split(axis=0, segments=[d, d, d])})
-    with md.backend() as be, gg.Context() as ctx:
+    with md.backend() as be, gg.Context() as ctx, gg.Context() as xctx:
         ctx.tensor(gg.f32, (3 * d, d), "wqkv")
         ctx.alloc(be)
         assert [w for _, w in md.where(ctx.tensors[0])] == [
@@ -150,8 +150,8 @@ def test_fused_qkv_as_segments(parts, rng):
         w = ctx.tensors[0]
         w.set(wqkv)                      # set and read back through the segments
         np.testing.assert_array_equal(w.numpy(), wqkv)
-        xt = ctx.tensor(gg.f32, (t, d), "x")
-        ctx.alloc(be)
+        xt = xctx.tensor(gg.f32, (t, d), "x")    # (a second alloc of ctx is refused)
+        xctx.alloc(be)
         # ggml drops the segments in the matmul's result (its columns come out in device
         # order, measured in test_segmented_matmul_order_in_ggml): refused
         with pytest.raises(gg.InvalidArgument, match="segmented .*device order"):
