@@ -20,13 +20,12 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from support import RELEASE, LayerStack, child_env, nmse, producer_rows
+from support import RELEASE, LayerStack, LongWriter, child_env, nmse
 
 METAL = sys.platform == "darwin" and "metal" in gg.BUILD["backends"]
 #: Metal's virtual devices (PR 18919) first ship in ggml 0.9.7; before, one device "Metal"
 VIRTUAL = RELEASE >= (0, 9, 7)
 VAR = "GGML_METAL_DEVICES"
-N_ADDS = 200          # the long graph: N_ADDS adds of producer_rows(dev) x 1024 f32
 
 needs_metal = pytest.mark.skipif(
     not METAL, reason="Metal builds and runs on macOS only (not run on Linux machines)")
@@ -80,25 +79,6 @@ def require_direct_read(dev: gg.Device) -> None:
     if dev.registry.name == "MTL" and dev.buffer_type.name.endswith("_Private"):
         pytest.skip(f"{dev.name}'s default buffer type is {dev.buffer_type.name}: its reads "
                     "go through the device's queue and cannot show stale values")
-
-
-class LongWriter:
-    """`out` = a + a + ... (N_ADDS adds) on `backend`, integers so the sums are exact."""
-
-    def __init__(self, dev, backend, ctx, rng):
-        rows = producer_rows(dev)
-        self.x = rng.integers(-8, 8, (rows, 1024)).astype(np.float32)
-        self.expected = self.x * (N_ADDS + 1)
-        self.sentinel = np.full(self.x.shape, np.nan, np.float32)
-        a = ctx.from_numpy(self.x)
-        self.out = ctx.tensor(gg.f32, self.x.shape)
-        ctx.alloc(backend)
-        chain = a
-        for _ in range(N_ADDS):
-            chain = chain + a
-        self.graph = gg.Graph(gg.cpy(chain, self.out))
-        backend.compute(self.graph)              # warm-up: kernels compiled, buffers placed
-        backend.set(self.out, self.sentinel)
 
 
 # -- one device ------------------------------------------------------------------------------

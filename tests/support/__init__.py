@@ -51,6 +51,28 @@ def producer_rows(dev) -> int:
     return 256 if soft or dev.type == "cpu" else 16384
 
 
+N_ADDS = 200          # LongWriter's graph: N_ADDS adds of producer_rows(dev) x 1024 f32
+
+
+class LongWriter:
+    """`out` = a + a + ... (N_ADDS adds) on `backend`, integers so the sums are exact."""
+
+    def __init__(self, dev, backend, ctx, rng):
+        rows = producer_rows(dev)
+        self.x = rng.integers(-8, 8, (rows, 1024)).astype(np.float32)
+        self.expected = self.x * (N_ADDS + 1)
+        self.sentinel = np.full(self.x.shape, np.nan, np.float32)
+        a = ctx.from_numpy(self.x)
+        self.out = ctx.tensor(gg.f32, self.x.shape)
+        ctx.alloc(backend)
+        chain = a
+        for _ in range(N_ADDS):
+            chain = chain + a
+        self.graph = gg.Graph(gg.cpy(chain, self.out))
+        backend.compute(self.graph)              # warm-up: kernels compiled, buffers placed
+        backend.set(self.out, self.sentinel)
+
+
 def vocab_archive() -> Path | None:
     from ggml_build import pins
     return pins.vocab_sdist()

@@ -1,0 +1,79 @@
+"""Tests written against survivors of the census (docs/mutation.md, round 9): the scheduler
+picture's copies on an RPC device whose ggml name differs from ggml_py's, host memory in a
+copy queued on another device's backend, and a cleared buffer's record outliving it. Each
+fails when its mutant (tools/must_kill.txt) is applied and passes without."""
+import numpy as np
+import pytest
+
+import ggml_py as gg
+from ggml_py import _display as D
+from ggml_py._loader import cstr, ffi, lib
+from support import LayerStack, needs_release
+
+
+@needs_release("0.23.0", "an RPC server that survives this graph (0.20.2's aborts)")
+def test_the_picture_knows_copies_named_after_ggmls_rpc_backend_name(rpc_devs, rng):
+    """ggml names the backend of the second server's device "RPC0[host:port]" (its index on
+    its server) while ggml_py names it after the device ("RPC1[host:port]"); the scheduler
+    names its copies after ggml's name. The picture still shows them as copies."""
+    backends = [d.backend() for d in rpc_devs]
+    differ = [b for b in backends if cstr(lib.ggml_backend_name(b.ptr)) != b.name]
+    if not differ:
+        pytest.skip("every RPC backend's ggml name is ggml_py's here")
+    cpu_be = gg.device("CPU").backend()
+    stack = LayerStack(differ[:1], cpu_be, rng)
+    with gg.Scheduler([differ[0], cpu_be]) as sched:
+        g = gg.Graph(stack.out)
+        sched.compute(g)
+        assert sched.n_tensor_copies > 0
+        svg = D.graph_svg(g, scheduler=sched)
+    assert "copy of " in svg, svg        # the input, copied to the RPC backend
+    stack.close()
+    cpu_be.close()
+    for b in backends:
+        b.close()
+
+
+def test_host_memory_may_be_copied_on_another_devices_backend(rpc_devs):
+    """Every backend's copy path reads host memory: a CPU tensor is a valid source of a copy
+    queued on an RPC backend."""
+    x = np.arange(6, dtype=np.float32)
+    with rpc_devs[0].backend() as rb, gg.device("CPU").backend() as cb, \
+            gg.Context() as hc, gg.Context() as rc:
+        src, dst = hc.tensor(gg.f32, (6,)), rc.tensor(gg.f32, (6,))
+        hc.alloc(cb)
+        rc.alloc(rb)
+        src.set(x)
+        dst.set(-x - 1)
+        gg.copy_async(src, dst, rb, rb)
+        rb.synchronize()
+        np.testing.assert_array_equal(dst.numpy(), x)
+
+
+def _addr(buf):
+    return int(ffi.cast("uintptr_t", buf.ptr))
+
+
+def test_a_cleared_buffer_does_not_vouch_for_the_next_one_at_its_address(cpu):
+    """Buffer.clear records the buffer's address AND its memory's base address: a buffer freed
+    and another made at the same address (malloc reuses it) with other memory must not read
+    as cleared (its tensors hold nothing)."""
+    with cpu.backend() as be:
+        seen = 0
+        for n in range(1, 200):
+            with gg.Context() as c1:
+                c1.tensor(gg.f32, (n,))
+                (b1,) = c1.alloc(be)
+                b1.clear(0)
+                addr, base = _addr(b1), b1.base
+            with gg.Context() as c2:
+                t = c2.tensor(gg.f32, (4096 + 64 * n,))     # another size: other memory
+                (b2,) = c2.alloc(be)
+                if _addr(b2) != addr or b2.base == base:
+                    continue
+                seen += 1
+                with pytest.raises(gg.UnwrittenError):
+                    t.numpy()
+            if seen >= 3:
+                break
+        assert seen, "malloc never gave the freed buffer's address to the next buffer"
