@@ -117,6 +117,26 @@ class Scheduler(Owned, Placer):
                 raise UnsupportedError(
                     f"scheduler: no backend of {[b.name for b in self.backends]} supports op "
                     f"{ffi.string(lib.ggml_op_desc(t)).decode()}")
+            self._check_memory_usable(t)
+
+    def _check_memory_usable(self, t: Any) -> None:
+        """A tensor with memory (its own or its view source's) must be usable where it is by
+        one of the scheduler's backends that runs its op: ggml cannot move placed memory and
+        aborts the process on one no backend can use ("pre-allocated tensor ... in a buffer
+        that cannot run the operation"), leaf, node or view alike."""
+        buf = t.view_src.buffer if t.view_src != ffi.NULL else t.buffer
+        if buf == ffi.NULL:
+            return
+        buft = lib.ggml_backend_buffer_get_type(buf)
+        if any(lib.ggml_backend_supports_buft(b.ptr, buft) and
+               lib.ggml_backend_supports_op(b.ptr, t) for b in self.backends):
+            return
+        raise InvalidArgument(
+            f"scheduler: {cstr(t.name) or '(unnamed)'!r} ({cstr(lib.ggml_op_desc(t))}) has "
+            f"memory in a {cstr(lib.ggml_backend_buft_name(buft))} buffer, which no backend of "
+            f"{[b.name for b in self.backends]} can use for it (ggml cannot move placed "
+            "memory): add a backend of that device to the scheduler, or copy the tensor to "
+            "memory one of them can use")
 
     def reserve(self, graph: Graph) -> None:
         """Size the compute buffers for graphs like `graph` (optional; compute does it)."""

@@ -75,8 +75,9 @@ def test_a_node_with_cpu_memory_pinned_to_an_rpc_backend_is_refused_by_name(cpu,
 def test_a_node_with_memory_on_one_server_pinned_elsewhere_is_refused_by_name(cpu, rpc_devs,
                                                                               pin):
     """Rule: memory in one RPC server's buffer, scheduler of CPU and another server's backend:
-    the node pinned to either is refused, naming that server's buffer type and the backend it
-    was pinned to."""
+    no backend of the scheduler can use that memory, so wherever the node is pinned the graph
+    is refused before ggml places it (Scheduler._check_memory_usable), naming that server's
+    buffer type."""
     with cpu.backend() as cb, rpc_devs[0].backend() as r0, rpc_devs[1].backend() as r1:
         ctx, _, y = _node_with_memory_on(cb, r0)
         buft = r0.default_buffer_type.name
@@ -84,7 +85,9 @@ def test_a_node_with_memory_on_one_server_pinned_elsewhere_is_refused_by_name(cp
         to = cb if pin == "cpu" else r1
         with gg.Scheduler([r1, cb]) as sched:
             sched.set_backend(y, to)
-            with pytest.raises(gg.InvalidArgument, match=_refusal("y", buft, to.name)):
+            with pytest.raises(gg.InvalidArgument, match=re.escape(
+                    f"scheduler: 'y' (RELU) has memory in a {buft} buffer, which no backend "
+                    f"of {[r1.name, cb.name]} can use for it")):
                 sched.alloc(gg.Graph(y))
         ctx.close()
 
