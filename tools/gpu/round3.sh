@@ -17,6 +17,7 @@
 # bench    benchmarks/bench_meta.py --cuda over 2 and 4 virtual devices (512 tokens), and 2
 #          devices at 4096 tokens
 # mutcuda  tools/mutants.py: the async/event mutants against the CUDA tests
+# census   round 9: the census' group C (tools/gpu/census_c.txt) against the accelerator tests
 # gpu      test_accelerators, test_multi_gpu, test_copy, test_event, test_dlpack,
 #          test_crash_classes (-m "not slow")
 # copymut  the copy_async no-op mutant of tools/mutants.py on the copy tests
@@ -131,6 +132,22 @@ mutcuda)
     timeout 90 python3 tools/mutants.py --names tools/gpu/async_mutants.txt --runner fork \
         --tests "${IDS[@]}" --cap 20 --cap2 0 -j 6 --timeout 60 > "$OUT/mutfork.log" 2>&1
     echo "fork runner: exit $?; $(grep -E '^control|control run failed' "$OUT/mutfork.log")"
+    ;;
+census)
+    # round 9: the census' group C (mutants no CPU or RPC test can observe, tools/gpu/census_c.txt)
+    # against the accelerator tests, after those tests pass unmutated
+    export GGML_PY_BUILD=$(folder)
+    CT=(tests/accel/test_accel_census.py tests/accel/test_metal.py tests/accel/test_accelerators.py
+        tests/rpc/test_dlpack.py)
+    timeout 200 "${PY[@]}" -q -rfEs -m "not slow" "${CT[@]}" > "$OUT/census_tests.log" 2>&1
+    echo "exit $?" >> "$OUT/census_tests.log"
+    tail -25 "$OUT/census_tests.log"
+    timeout "${MUT_TIMEOUT:-330}" python3 tools/mutants.py --names tools/gpu/census_c.txt \
+        --tests "${CT[@]}" --fresh-map --cap 0 --cap2 0 -j "${MUT_JOBS:-6}" --timeout 200 \
+        --runner spawn --json "$OUT/census_c.json" --report "$OUT/census_c.md" \
+        > "$OUT/census_c.log" 2>&1
+    echo "mutants.py exit $?" >> "$OUT/census_c.log"
+    tail -30 "$OUT/census_c.log"
     ;;
 gpu)
     export GGML_PY_BUILD=$(folder)
