@@ -500,13 +500,25 @@ def install_hook(name: str) -> None:
             orig = loader.exec_module
 
             def exec_module(mod: Any) -> None:
-                orig(mod)
                 # one loader may load many modules (pytest's rewriter is one object): only
-                # this one, and only once it has run
-                if getattr(mod, "__name__", None) == module and not done:
-                    done.append(True)
-                    loader.exec_module = orig        # type: ignore[method-assign]
-                    _apply_named(name)
+                # this one, and only once
+                if getattr(mod, "__name__", None) != module or done:
+                    orig(mod)
+                    return
+                done.append(True)
+                loader.exec_module = orig        # type: ignore[method-assign]
+                # the module's code with the mutant written in, run from its first line: a
+                # function the module itself calls while it loads (the type table's
+                # GGMLType.__new__, the loader's _log.install) runs mutated too
+                try:
+                    code = mutated_module(next(x for x in discover() if x.name == name))
+                except BaseException as e:
+                    _apply_named_failed(e)
+                exec(code, mod.__dict__)
+                note = os.environ.get("GGML_PY_MUTANT_ANNOUNCE")
+                if note:
+                    with open(note, "a") as f:
+                        f.write(f"{APPLIED}{name}\n")
             loader.exec_module = exec_module      # type: ignore[method-assign]
             return spec
 
@@ -750,7 +762,7 @@ def run_one(m: Mutant | None, tests: list[str], timeout: float, logdir: Path
     log = logdir / (hashlib.sha256((m.name if m else "control").encode()).hexdigest()[:12]
                     + ".log")
     t0 = time.monotonic()
-    if SPAWN[0]:
+    if SPAWN[0] or (m is not None and _import_time(m)):
         pid = _spawn(m, tests, log)
     else:
         pid = os.fork()
@@ -821,11 +833,46 @@ def _accelerators() -> list[str]:
     return [n for n in names if n not in ("CPU", "RPC", "BLAS")]
 
 
+#: (file, qualified name) of the package's functions that ran while the package's own modules
+#: loaded (called, directly or not, from a module body of ggml_py): a forked child would get
+#: what they made unmutated, so their mutants run in a fresh process (run_one)
+IMPORT_TIME: set[tuple[str, str]] = set()
+
+
+def _record_import_time(frame: Any, event: str, arg: Any) -> None:
+    if event != "call":
+        return
+    if not frame.f_code.co_filename.startswith(str(PKG)):
+        return
+    f = frame.f_back
+    while f is not None:
+        code = f.f_code
+        if code.co_name == "<module>" and code.co_filename.startswith(str(PKG)):
+            fc = frame.f_code
+            IMPORT_TIME.add((fc.co_filename, getattr(fc, "co_qualname", fc.co_name)))
+            return
+        f = f.f_back
+
+
+def _import_time(m: Mutant) -> bool:
+    return (str(ROOT / m.path), m.qualname) in IMPORT_TIME
+
+
 def _warm(tmap: dict[str, Any]) -> None:
-    """Import ggml_py and the mapped test modules once, before forking (no compute)."""
+    """Import ggml_py and the mapped test modules once, before forking (no compute); note
+    which of the package's functions ran while its modules loaded (IMPORT_TIME)."""
     import importlib
     sys.path.insert(0, str(ROOT / "tests"))
     sys.path.insert(0, str(ROOT))
+    sys.setprofile(_record_import_time)
+    try:
+        _warm_imports(tmap)
+    finally:
+        sys.setprofile(None)
+
+
+def _warm_imports(tmap: dict[str, Any]) -> None:
+    import importlib
     import ggml_py  # noqa: F401
     for mod in sorted({t.split("::")[0] for t in tmap["durations"]}):
         folder = str((ROOT / mod).parent)     # pytest imports a test module from its folder

@@ -2,7 +2,6 @@
 reader's parse (ggml's log captured around gguf_init, the user's logger put back after it),
 the file-only parse of releases before gguf_init_from_buffer, and the writer's scratch ggml
 context. Each fails when its mutant is applied and passes without."""
-import ctypes
 import gc
 import logging
 
@@ -11,6 +10,7 @@ import pytest
 
 import ggml_py as gg
 from ggml_py import _features, gguf
+from support import malloc_in_use
 
 
 @pytest.fixture
@@ -96,25 +96,7 @@ def test_a_release_that_parses_files_only_writes_the_alignment_asked(tmp_path, f
 
 
 # -- the writer's scratch ggml context is freed ------------------------------------------------
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                                                "usmblks", "fsmblks", "uordblks", "fordblks",
-                                                "keepcost")]
-
-
-def _malloc_in_use():
-    """Bytes malloc has handed out and not had back (glibc's mallinfo2: heap chunks in use
-    plus mmapped chunks, every arena), or None without glibc 2.33+."""
-    try:
-        f = ctypes.CDLL(None).mallinfo2
-    except (OSError, AttributeError):
-        return None
-    f.restype = _MallInfo2
-    m = f()
-    return m.uordblks + m.hblkhd
-
-
-@pytest.mark.skipif(_malloc_in_use() is None, reason="needs glibc's mallinfo2")
+@pytest.mark.skipif(malloc_in_use() is None, reason="needs glibc's mallinfo2")
 def test_writing_frees_the_ggml_context_of_its_tensor_records(tmp_path):
     """write() lays its tensors out in a no_alloc ggml context of tensor_overhead() * (n + 1)
     bytes, freed (ggml_free) once ggml has placed them: four writes of 1024 tensors must not
@@ -123,11 +105,11 @@ def test_writing_frees_the_ggml_context_of_its_tensor_records(tmp_path):
     path = tmp_path / "many.gguf"
     gg.gguf.write(path, {}, tensors)             # warm-up: caches, the file's first creation
     gc.collect()
-    before = _malloc_in_use()
+    before = malloc_in_use()
     for _ in range(4):
         gg.gguf.write(path, {}, tensors)
     gc.collect()
-    grown = _malloc_in_use() - before
+    grown = malloc_in_use() - before
     per_write = int(gg.raw.lib.ggml_tensor_overhead()) * (len(tensors) + 1)
     assert grown < per_write, (grown, per_write)
     with gg.gguf.read(path) as f:

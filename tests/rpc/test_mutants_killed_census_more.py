@@ -2,13 +2,15 @@
 picture's copies on an RPC device whose ggml name differs from ggml_py's, host memory in a
 copy queued on another device's backend, and a cleared buffer's record outliving it. Each
 fails when its mutant (tools/must_kill.txt) is applied and passes without."""
+import gc
+
 import numpy as np
 import pytest
 
 import ggml_py as gg
 from ggml_py import _display as D
 from ggml_py._loader import cstr, ffi, lib
-from support import LayerStack, needs_release
+from support import LayerStack, malloc_in_use, needs_release
 
 
 @needs_release("0.23.0", "an RPC server that survives this graph (0.20.2's aborts)")
@@ -77,3 +79,55 @@ def test_a_cleared_buffer_does_not_vouch_for_the_next_one_at_its_address(cpu):
             if seen >= 3:
                 break
         assert seen, "malloc never gave the freed buffer's address to the next buffer"
+
+
+def test_a_release_without_ggml_opt_refuses_training_by_name(monkeypatch):
+    """Every pinned release has ggml-opt; a build without it (a source tree, a trimmed build)
+    refuses datasets and optimizers by name rather than calling symbols it lacks. The feature
+    flag is what such a build sets (ggml_py._features.OPT: `ggml_opt_init` is absent)."""
+    from ggml_py import _features, opt
+    monkeypatch.setattr(_features, "OPT", False)
+    for make in (lambda: opt.Dataset(np.zeros((4, 2), np.float32)),
+                 lambda: opt.Optimizer(None, None, None, [])):
+        with pytest.raises(gg.UnsupportedError, match="this ggml release has no ggml-opt"):
+            make()
+
+
+def test_type_traits_are_ggmls():
+    """The type table is made once, at import, from ggml's own answers (ggml_blck_size,
+    ggml_type_size, ggml_is_quantized): a mutant there needs a fresh process, which
+    tools/mutants.py gives every function that runs while the package loads."""
+    assert (gg.q4_0.block_size, gg.q4_0.type_size, gg.q4_0.is_quantized) == (32, 18, True)
+    assert (gg.q8_0.block_size, gg.q8_0.type_size, gg.q8_0.is_quantized) == (32, 34, True)
+    assert (gg.f16.block_size, gg.f16.type_size, gg.f16.is_quantized) == (1, 2, False)
+    assert (gg.f32.block_size, gg.f32.type_size, gg.f32.is_quantized) == (1, 4, False)
+
+
+def test_connect_returns_the_rpc_registry(rpc_servers):
+    """What rpc.connect returns is ggml's RPC registry, on every release (0.9.x makes one
+    device per endpoint with ggml_backend_rpc_add_device; its registry is that device's)."""
+    reg = gg.rpc.connect(rpc_servers[0].endpoint)
+    assert reg.name.startswith("RPC")        # ("RPC[host:port]" since the registry per server)
+    assert all(d.registry.name.startswith("RPC") for d in reg.devices)
+    assert reg.devices[0].name == rpc_servers[0].device.name
+
+
+@pytest.mark.skipif(malloc_in_use() is None, reason="needs glibc's mallinfo2")
+def test_lowering_the_pool_limit_frees_the_pooled_chunks():
+    """Closed contexts leave their metadata chunks in a pool for reuse; pool_limit(0) frees
+    them (ggml_free): malloc's bytes in use fall by at least the pooled bytes' nine tenths."""
+    from ggml_py import _record_pool
+    old = gg.Context.pool_limit(256 << 20)
+    try:
+        for c in [gg.Context(capacity=4096) for _ in range(8)]:    # ~1.5 MB of records each
+            c.close()
+        held = _record_pool.pooled()
+        assert held >= 4 << 20, held
+        gc.collect()
+        before = malloc_in_use()
+        gg.Context.pool_limit(0)
+        assert _record_pool.pooled() == 0
+        freed = before - malloc_in_use()
+        assert freed >= 0.9 * held, (freed, held)
+    finally:
+        gg.Context.pool_limit(old)

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ggml_py as gg
-from support import child_env
+from support import RELEASE, child_env, needs_release
 from ggml_py import opt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,6 +120,25 @@ def test_inputs_of_a_type_other_than_the_datasets_are_refused():
 
 # -- every call holds the optimizer and asks that its servers are alive -----------------------
 
+def test_training_on_an_rpc_device_follows_the_release(rpc_devs):
+    """ggml-opt clears its gradients with ggml_backend_tensor_memset, which asserts on an RPC
+    buffer before 0.20.2 (ggml-rpc had no memset_tensor): refused by name there, built after."""
+    with rpc_devs[0].backend() as rb, gg.device("CPU").backend(n_threads=1) as cb, \
+            gg.Context() as ctx:
+        x, W = ctx.tensor(gg.f32, (16, 2)), ctx.tensor(gg.f32, (3, 2))
+        ctx.alloc(rb)
+        W.set(np.ones((3, 2), np.float32))
+        logits = gg.mul_mat(W, x)
+        if RELEASE < (0, 20, 2):
+            with pytest.raises(gg.UnsupportedError, match=r"training on an RPC device \(RPC.*\) "
+                                                          r"needs ggml 0\.20\.2 or newer"):
+                opt.Optimizer([rb, cb], x, logits, [W])
+            return
+        with opt.Optimizer([rb, cb], x, logits, [W]) as t:
+            assert t is not None
+
+
+@needs_release("0.20.2", "training on an RPC device")
 def test_an_epoch_after_the_rpc_server_died_raises():
     out = _child("""
         srv = gg.rpc.serve(); (dev,) = gg.rpc.connect(srv.endpoint).devices

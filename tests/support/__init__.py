@@ -4,6 +4,7 @@ conftest.py files; tests/README.md says where each kind of test lives).
 Modules beside this one: ``sentinel`` (destinations unlike the expected bytes), ``corpus``
 (the bad-input corpus, also run as a script), ``generated`` (the hypothesis generator, also a
 script), ``meta_models`` and ``meta_probe`` (the meta device's models and split probe)."""
+import ctypes
 import os
 from pathlib import Path
 
@@ -71,6 +72,24 @@ class LongWriter:
         self.graph = gg.Graph(gg.cpy(chain, self.out))
         backend.compute(self.graph)              # warm-up: kernels compiled, buffers placed
         backend.set(self.out, self.sentinel)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                "usmblks", "fsmblks", "uordblks", "fordblks",
+                                                "keepcost")]
+
+
+def malloc_in_use() -> int | None:
+    """Bytes malloc has handed out and not had back (glibc's mallinfo2: heap chunks in use
+    plus mmapped chunks, every arena), or None without glibc 2.33+."""
+    try:
+        f = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    f.restype = _MallInfo2
+    m = f()
+    return m.uordblks + m.hblkhd
 
 
 def vocab_archive() -> Path | None:
