@@ -687,6 +687,8 @@ def _select(m: Mutant, tmap: dict[str, Any], cap: int) -> list[str]:
         fn = fn.removesuffix(suffix)
     tests = tmap["functions"].get(fn, [])
     dur = tmap["durations"]
+    if _import_time(m):         # it ran while the package loaded: before every test
+        tests = list(dur)
     if "_width" not in tmap:
         width: Counter[str] = Counter()
         for ts in tmap["functions"].values():
@@ -858,21 +860,40 @@ def _import_time(m: Mutant) -> bool:
     return (str(ROOT / m.path), m.qualname) in IMPORT_TIME
 
 
+def find_import_time() -> None:
+    """Fill IMPORT_TIME: in a fresh interpreter (this one has imported the package already,
+    to list the mutants), import the package and every module of it under a profiler."""
+    code = ("import json, sys; sys.path[:0] = [%r, %r]; import mutants; "
+            "sys.setprofile(mutants._record_import_time); mutants._import_package(); "
+            "sys.setprofile(None); print(json.dumps(sorted(mutants.IMPORT_TIME)))"
+            % (str(ROOT / "tools"), str(ROOT)))
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode:
+        raise SystemExit(f"importing the package under a profiler failed:\n{r.stderr[-2000:]}")
+    IMPORT_TIME.update(tuple(x) for x in json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def _import_package() -> None:
+    """Import ggml_py and every module of it (lazily loaded ones included)."""
+    import importlib
+    import ggml_py  # noqa: F401
+    for p in PKG.rglob("*.py"):
+        rel = p.relative_to(ROOT).with_suffix("")
+        if "lib" in rel.parts[1:] or rel.parts[-1] == "__main__":
+            continue
+        name = ".".join(rel.parts).removesuffix(".__init__")
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
+
+
 def _warm(tmap: dict[str, Any]) -> None:
-    """Import ggml_py and the mapped test modules once, before forking (no compute); note
-    which of the package's functions ran while its modules loaded (IMPORT_TIME)."""
+    """Import ggml_py and the mapped test modules once, before forking (no compute)."""
     import importlib
     sys.path.insert(0, str(ROOT / "tests"))
     sys.path.insert(0, str(ROOT))
-    sys.setprofile(_record_import_time)
-    try:
-        _warm_imports(tmap)
-    finally:
-        sys.setprofile(None)
-
-
-def _warm_imports(tmap: dict[str, Any]) -> None:
-    import importlib
     import ggml_py  # noqa: F401
     for mod in sorted({t.split("::")[0] for t in tmap["durations"]}):
         folder = str((ROOT / mod).parent)     # pytest imports a test module from its folder
@@ -1041,6 +1062,7 @@ def main(argv: list[str] | None = None) -> int:
     tmap = merge_maps([json.loads(m.read_text()) for m in args.map]) if args.map \
         else get_map(args.tests, args.fresh_map)
     _warm(tmap)
+    find_import_time()
     accel = _accelerators()
     SPAWN[0] = args.runner == "spawn" or (args.runner == "auto" and bool(accel))
     if SPAWN[0]:

@@ -3,6 +3,9 @@ picture's copies on an RPC device whose ggml name differs from ggml_py's, host m
 copy queued on another device's backend, and a cleared buffer's record outliving it. Each
 fails when its mutant (tools/must_kill.txt) is applied and passes without."""
 import gc
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -10,7 +13,7 @@ import pytest
 import ggml_py as gg
 from ggml_py import _display as D
 from ggml_py._loader import cstr, ffi, lib
-from support import LayerStack, malloc_in_use, needs_release
+from support import LayerStack, child_env, malloc_in_use, needs_release
 
 
 @needs_release("0.23.0", "an RPC server that survives this graph (0.20.2's aborts)")
@@ -131,3 +134,22 @@ def test_lowering_the_pool_limit_frees_the_pooled_chunks():
         assert freed >= 0.9 * held, (freed, held)
     finally:
         gg.Context.pool_limit(old)
+
+
+def test_allocating_on_a_dead_servers_buffer_type_raises():
+    """BufferType.alloc asks that the type's device is alive first: ggml's RPC client aborts
+    the process when the server is gone ("Remote RPC server crashed"). In a child process:
+    the server is killed between taking its buffer type and allocating."""
+    code = textwrap.dedent("""
+        import ggml_py as gg
+        s = gg.rpc.serve(); bt = gg.rpc.connect(s.endpoint).devices[0].buffer_type
+        s.kill()
+        try:
+            bt.alloc(16)
+        except gg.RPCError as e:
+            print("refused:", str(e)[:60])
+    """)
+    r = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "refused: the RPC server at" in r.stdout, (r.returncode,
+                                                                           r.stderr[-500:])

@@ -154,3 +154,31 @@ def test_a_lazily_loaded_module_is_mutated_under_pytest(tmp_path):
                         "-p", "no:cacheprovider", str(test)], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=120)
     assert "1 passed" in r.stdout, r.stdout[-2000:]
+
+
+def test_a_function_run_while_the_package_loads_is_judged_mutated(tmp_path):
+    """GGMLType.__new__ makes the type table while ggml_py._types loads; a mutant put into the
+    function afterwards (as a forked child would) never reaches the table. The tool notes
+    such functions while it imports the package and judges their mutants in a fresh process
+    whose module runs mutated from its first line: the type traits are then wrong."""
+    import subprocess
+    name = "ggml_py._types:GGMLType.__new__:skip:ggml_blck_size#1"
+    probe = ("import sys; sys.path.insert(0, 'tools'); import mutants; "
+             "mutants.find_import_time(); "
+             "m = next(x for x in mutants.discover() if x.name == %r); "
+             "print(mutants._import_time(m), mutants._import_time(next(x for x in "
+             "mutants.discover() if x.function == 'ggml_py._context:Context.alloc')))" % name)
+    r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.stdout.split() == ["True", "False"], r.stdout + r.stderr[-1500:]
+    mutants._write_site()
+    env = dict(os.environ, GGML_PY_MUTANT=name,
+               GGML_PY_MUTANT_TOOL=str(ROOT / "tools" / "mutants.py"),
+               PYTHONPATH=os.pathsep.join([str(mutants.SITE), str(ROOT)]))
+    r = subprocess.run([sys.executable, "-c", "import ggml_py as gg; print(gg.q4_0.block_size)"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() != "32", (r.stdout, r.stderr[-1500:])
+    r = subprocess.run([sys.executable, "-c", "import ggml_py as gg; print(gg.q4_0.block_size)"],
+                       cwd=tmp_path, env=dict(env, GGML_PY_MUTANT=""), capture_output=True,
+                       text=True, timeout=120)
+    assert r.stdout.strip() == "32", (r.stdout, r.stderr[-1500:])
