@@ -6,6 +6,7 @@ import gc
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -153,3 +154,51 @@ def test_allocating_on_a_dead_servers_buffer_type_raises():
                        text=True, timeout=120)
     assert r.returncode == 0 and "refused: the RPC server at" in r.stdout, (r.returncode,
                                                                            r.stderr[-500:])
+
+
+def test_closing_waits_for_a_builder_holding_the_contexts_c_lock():
+    """A checked op builds holding its context's C lock (helpers.c), in any thread; close()
+    takes that lock before it tells the C state to refuse, so it waits for a builder in the
+    middle of building. Deterministic: this test holds the lock as such a builder would."""
+    from ggml_py._context_records import C_LOCK, C_UNLOCK
+    ctx = gg.Context()
+    st = ctx.checked_state
+    if st is None or C_LOCK is None:
+        pytest.skip("this build has no checked ops (helpers.c)")
+    C_LOCK(st)
+    closed = threading.Event()
+    th = threading.Thread(target=lambda: (ctx.close(), closed.set()))
+    th.start()
+    try:
+        waited = not closed.wait(0.5)
+    finally:
+        C_UNLOCK(st)
+    th.join(30)
+    assert waited, "close() went on while a builder held the context's C lock"
+    assert closed.is_set() and ctx.closed
+
+
+def test_ggmls_lines_after_the_exit_handlers_go_to_its_own_printer():
+    """At exit ggml_py hands ggml's log back to ggml's own printer (stderr): a line ggml
+    writes after the exit handlers ran (a later handler, an object freed at shutdown) must not
+    go through Python's logging, which is being torn down. In a child whose own exit handler,
+    registered before ggml_py's and so run after it, makes ggml log an error while Python's
+    "ggml" logger is silenced: the line appears on stderr all the same."""
+    code = textwrap.dedent("""
+        import atexit, logging
+
+        def late():
+            try:
+                gg.device("CPU").buffer_type.alloc(1 << 50)
+            except gg.OutOfMemory:
+                print("refused", flush=True)
+
+        atexit.register(late)               # first registered: run last
+        import ggml_py as gg
+        logging.getLogger("ggml").disabled = True
+        gg.device("CPU")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "refused" in r.stdout, r.stderr[-800:]
+    assert "insufficient memory" in r.stderr or "failed to allocate" in r.stderr, r.stderr
