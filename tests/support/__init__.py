@@ -56,18 +56,18 @@ N_ADDS = 200          # LongWriter's graph: N_ADDS adds of producer_rows(dev) x 
 
 
 class LongWriter:
-    """`out` = a + a + ... (N_ADDS adds) on `backend`, integers so the sums are exact."""
+    """`out` = a + a + ... (`n_adds` adds) on `backend`, integers so the sums are exact."""
 
-    def __init__(self, dev, backend, ctx, rng):
+    def __init__(self, dev, backend, ctx, rng, n_adds=N_ADDS):
         rows = producer_rows(dev)
         self.x = rng.integers(-8, 8, (rows, 1024)).astype(np.float32)
-        self.expected = self.x * (N_ADDS + 1)
+        self.expected = self.x * (n_adds + 1)
         self.sentinel = np.full(self.x.shape, np.nan, np.float32)
         a = ctx.from_numpy(self.x)
         self.out = ctx.tensor(gg.f32, self.x.shape)
         ctx.alloc(backend)
         chain = a
-        for _ in range(N_ADDS):
+        for _ in range(n_adds):
             chain = chain + a
         self.graph = gg.Graph(gg.cpy(chain, self.out))
         backend.compute(self.graph)              # warm-up: kernels compiled, buffers placed

@@ -142,7 +142,7 @@ census)
     timeout 200 "${PY[@]}" -q -rfEs -m "not slow" "${CT[@]}" > "$OUT/census_tests.log" 2>&1
     echo "exit $?" >> "$OUT/census_tests.log"
     tail -25 "$OUT/census_tests.log"
-    timeout "${MUT_TIMEOUT:-330}" python3 tools/mutants.py --names tools/gpu/census_c.txt \
+    timeout "${MUT_TIMEOUT:-330}" python3 tools/mutants.py --names "${CENSUS_NAMES:-tools/gpu/census_c.txt}" \
         --tests "${CT[@]}" --fresh-map --cap 0 --cap2 0 -j "${MUT_JOBS:-6}" --timeout 200 \
         --runner spawn --json "$OUT/census_c.json" --report "$OUT/census_c.md" \
         > "$OUT/census_c.log" 2>&1
