@@ -31,6 +31,7 @@ _QUIET = ("ggml_graph_dump_dot:",)
 
 _state = threading.local()       # per thread: (level, text so far) of an unfinished line
 _installed: list[Any] = []       # the callback, kept alive for the life of the process
+_routing = [False]               # whether ggml's log goes to it now (False once exited)
 
 
 def _emit(level: int, text: str) -> None:
@@ -82,14 +83,22 @@ def install(ffi: Any, lib: Any) -> None:
                       onerror=_ignore)
     _installed.append(cb)
     lib.ggml_log_set(cb, ffi.NULL)
+    _routing[0] = True
     atexit.register(_uninstall, lib, ffi)
 
 
 def _uninstall(lib: Any, ffi: Any) -> None:
+    _routing[0] = False
     try:
         lib.ggml_log_set(ffi.NULL, ffi.NULL)      # ggml's default: stderr
     except BaseException:
         pass
+
+
+def current(ffi: Any) -> Any:
+    """The log callback ggml_py has given ggml now (NULL: ggml's own printer), for code that
+    sets another for a while and puts this one back on releases without ``ggml_log_get``."""
+    return _installed[0] if _installed and _routing[0] else ffi.NULL
 
 
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from . import _gguf_check as chk
-from . import _features
+from . import _features, _log
 from ._handle import Owned
 from ._loader import ffi, lib
 from .errors import ClosedError, GGMLError, InvalidType
@@ -113,8 +113,10 @@ def _ggml_parse(ptr: Any, size: int, fd: int) -> tuple[Any, str]:
     params = ffi.new("struct gguf_init_params *", {"no_alloc": True, "ctx": ffi.NULL})
     with _log_lock:
         old_cb, old_ud = ffi.new("ggml_log_callback *"), ffi.new("void **")
-        if _features.LOG_GET:         # otherwise the NULL left in old_cb restores ggml's logger
+        if _features.LOG_GET:
             lib.ggml_log_get(old_cb, old_ud)
+        else:       # (0.9.x has no ggml_log_get: put back what ggml_py gave ggml)
+            old_cb[0] = _log.current(ffi)
         _log_lines = []
         lib.ggml_log_set(_capture_log, ffi.NULL)
         try:

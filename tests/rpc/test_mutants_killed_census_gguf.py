@@ -46,15 +46,17 @@ def test_reading_a_file_gives_ggmls_log_back_to_the_ggml_logger(small_gguf, capl
     assert any("insufficient memory" in m for m in lines), lines
 
 
-def test_a_refused_parse_returns_ggmls_lines_instead_of_logging_them(caplog):
+def test_a_refused_parse_returns_ggmls_lines_instead_of_logging_them(caplog, tmp_path):
     """ggml's own error lines of a parse it refuses go into the GGUFError's text (the
     capture of the first ggml_log_set), not to the user's "ggml" logger; and after it the
     logger gets ggml's lines again. (The public read never gets here: its Python walk refuses
     every such file first; the parse step is called as read calls it.)"""
     bad = b"XGUF" + bytes(60)
-    with caplog.at_level(logging.DEBUG, logger="ggml"):
+    path = tmp_path / "bad.gguf"      # (releases before gguf_init_from_buffer read the file)
+    path.write_bytes(bad)
+    with caplog.at_level(logging.DEBUG, logger="ggml"), open(path, "rb") as f:
         with gg.ffi.from_buffer("void *", bad) as ptr:
-            raw, log = gguf._ggml_parse(ptr, len(bad), -1)
+            raw, log = gguf._ggml_parse(ptr, len(bad), f.fileno())
     assert raw == gg.ffi.NULL
     assert "invalid magic" in log, log
     leaked = [r.getMessage() for r in caplog.records if r.name == "ggml"]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from support import child_env
+from support import child_env, needs_release
 
 GENERATOR = r"""
 import sys
@@ -61,6 +61,8 @@ print(f"done: {computed} computed, {refused} refused", flush=True)
 """
 
 
+@needs_release("0.23.0", "RPC servers that survive graphs split across two of them (0.15.3's "
+                         "died at case 35 of this generator)")
 def test_generated_placements_never_kill_the_process(tmp_path):
     script = tmp_path / "gen.py"
     script.write_text(textwrap.dedent(GENERATOR))
