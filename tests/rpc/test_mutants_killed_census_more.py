@@ -82,7 +82,8 @@ def test_a_cleared_buffer_does_not_vouch_for_the_next_one_at_its_address(cpu):
                     t.numpy()
             if seen >= 3:
                 break
-        assert seen, "malloc never gave the freed buffer's address to the next buffer"
+        if not seen:    # (glibc reuses it at once; another allocator may not: nothing seen)
+            pytest.skip("malloc never gave the freed buffer's address to the next buffer")
 
 
 def test_a_release_without_ggml_opt_refuses_training_by_name(monkeypatch):
