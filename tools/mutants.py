@@ -356,10 +356,16 @@ def apply(m: Mutant) -> None:
     if isinstance(new, (staticmethod, classmethod)):
         new = new.__func__
     target.__code__ = new.__code__
+    _announce(m.name)
+
+
+def _announce(name: str) -> None:
+    """Say that mutant `name` is in place (GGML_PY_MUTANT_ANNOUNCE: a file, since pytest
+    captures fd 1 and 2 while it imports)."""
     note = os.environ.get("GGML_PY_MUTANT_ANNOUNCE")
-    if note:             # a file: pytest captures fd 1 and 2 while it imports
+    if note:
         with open(note, "a") as f:
-            f.write(f"{APPLIED}{m.name}\n")
+            f.write(f"{APPLIED}{name}\n")
 
 
 # ---------------------------------------------------------------------------- child processes
@@ -451,10 +457,7 @@ def _hook_main(name: str, module: str) -> None:
                 code = mutated_module(next(x for x in discover() if x.name == name))
             except BaseException as e:
                 _apply_named_failed(e)
-            note = os.environ.get("GGML_PY_MUTANT_ANNOUNCE")
-            if note:
-                with open(note, "a") as f:
-                    f.write(f"{APPLIED}{name}\n")
+            _announce(name)
         return got, spec, code
     runpy._get_module_details = details       # type: ignore[attr-defined]
 
@@ -515,10 +518,7 @@ def install_hook(name: str) -> None:
                 except BaseException as e:
                     _apply_named_failed(e)
                 exec(code, mod.__dict__)
-                note = os.environ.get("GGML_PY_MUTANT_ANNOUNCE")
-                if note:
-                    with open(note, "a") as f:
-                        f.write(f"{APPLIED}{name}\n")
+                _announce(name)
             loader.exec_module = exec_module      # type: ignore[method-assign]
             return spec
 
@@ -907,17 +907,7 @@ def _warm(tmap: dict[str, Any]) -> None:
         except BaseException as e:       # pytest.importorskip's Skipped is no Exception
             if type(e).__name__ != "Skipped":
                 raise
-    for p in PKG.rglob("*.py"):
-        rel = p.relative_to(ROOT).with_suffix("")
-        if "lib" in rel.parts[1:]:
-            continue
-        name = ".".join(rel.parts)
-        if name.endswith("__main__"):
-            continue
-        try:
-            importlib.import_module(name[: -len(".__init__")] if name.endswith(".__init__") else name)
-        except Exception:
-            pass
+    _import_package()
 
 
 def sample(mutants: list[Mutant], n: int, seed: int, cover: bool = True) -> list[Mutant]:
